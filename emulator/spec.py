@@ -1,0 +1,529 @@
+"""The topology file: a versioned YAML format parsed into frozen dataclasses.
+
+Pure data: reading the file is the only I/O. Every error names the file, the key path
+(``datacenters[1].hosts_per_leaf``) and what is wrong. Rates and byte sizes are written as the
+real fabric has them (``400Gbps``, ``16MB``); ``scale`` turns them into what the emulation runs
+(400 Gb/s at scale 0.001 is 400 Mb/s), so every buffer keeps its size in time.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from . import units
+from .errors import SpecError
+
+FORMAT_VERSION = 1
+# IPv4 20 + UDP 8 + BTH 12 + RETH 16 + 4096 payload + ICRC 4: the largest RoCEv2 packet we send.
+ROCE_MAX_PACKET = 20 + 8 + 12 + 16 + 4096 + 4
+ETH_HEADER = 14
+# Below this an emulated port serialises a 4 KB frame in more than 30 ms: no longer a fabric.
+MIN_EMULATED_RATE = 1_000_000
+# HTB and TBF carry rates as 32-bit bytes per second.
+MAX_EMULATED_RATE = 34_000_000_000
+HASH_MODES = ("five-tuple", "qpn", "qpn-psn", "ev")
+TRANSPORTS = ("selective", "go-back-n")
+DCQCN_PROFILES = ("paper", "nvidia", "hpcc-ns3", "off")
+PFC_WATCHDOG_ACTIONS = ("drop", "forward", "alert")
+SHAPERS = ("htb", "tbf")
+_NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class DataCenter:
+    name: str
+    spines: int
+    leaves: int
+    hosts_per_leaf: int
+    borders: int
+
+
+@dataclass(frozen=True)
+class WanPath:
+    """One long-haul path: a fiber between the two DCs' borders."""
+
+    index: int
+    distance_m: float
+    rate_bps: int  # real rate; the emulation runs rate_bps * scale
+    loss: float  # per-packet drop probability
+    corruption: float  # per-packet corruption probability (from ``ber`` if that was given)
+    ber: float  # bit error rate as written, 0 when ``corruption`` was given directly
+
+    @property
+    def delay_s(self) -> float:
+        """One-way propagation delay."""
+        return units.fiber_delay(self.distance_m)
+
+
+@dataclass(frozen=True)
+class LinkRates:
+    host: int  # host <-> leaf, real bits per second
+    fabric: int  # leaf <-> spine
+    border: int  # spine <-> border
+
+
+@dataclass(frozen=True)
+class Buffers:
+    host: int  # real bytes of egress buffer on a host NIC port
+    switch: int  # on a leaf or spine port
+    border: int  # on a border port (deep-buffer WAN routers)
+
+
+@dataclass(frozen=True)
+class Addressing:
+    hosts: ipaddress.IPv4Network  # carved into one subnet per leaf
+    host_prefix: int
+    links: ipaddress.IPv4Network  # carved into /31 point-to-point subnets
+
+
+@dataclass(frozen=True)
+class Ecmp:
+    hash: str = "five-tuple"
+
+
+@dataclass(frozen=True)
+class Ecn:
+    kmin: int = 5_000  # real bytes; DCQCN paper's values
+    kmax: int = 200_000
+    pmax: float = 0.01
+
+
+@dataclass(frozen=True)
+class PfcWatchdog:
+    detection_time: float = 0.2  # SONiC pfcwd defaults
+    restoration_time: float = 0.2
+    action: str = "drop"
+
+
+@dataclass(frozen=True)
+class Pfc:
+    enabled: bool = False
+    priority: int = 3
+    xoff: int = 1_000_000  # real bytes of ingress occupancy that send PAUSE
+    xon: int = 500_000
+    watchdog: PfcWatchdog = field(default_factory=PfcWatchdog)
+
+
+@dataclass(frozen=True)
+class Nic:
+    transport: str = "selective"
+    dcqcn: str = "paper"
+    qps_per_pair: int = 1
+
+
+@dataclass(frozen=True)
+class FabricSpec:
+    source: str
+    version: int
+    scale: float
+    mtu: int
+    shaper: str
+    addressing: Addressing
+    links: LinkRates
+    buffers: Buffers
+    datacenters: tuple[DataCenter, ...]
+    wan_paths: tuple[WanPath, ...]
+    ecmp: Ecmp
+    ecn: Ecn
+    pfc: Pfc
+    nic: Nic
+
+    def emulated_rate(self, real_bps: int) -> int:
+        return round(real_bps * self.scale)
+
+    def emulated_size(self, real_bytes: int) -> int:
+        return round(real_bytes * self.scale)
+
+    @property
+    def cross_dc(self) -> bool:
+        return len(self.datacenters) == 2
+
+
+# --- field parsers: each takes the raw YAML value and raises ValueError with what is wrong ---
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _int(minimum: int, maximum: int | None = None) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"must be an integer, got {_type_name(value)} {value!r}")
+        if value < minimum:
+            raise ValueError(f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise ValueError(f"must be at most {maximum}, got {value}")
+        return value
+
+    return parse
+
+
+def _positive(parse: Callable[[Any], Any], what: str) -> Callable[[Any], Any]:
+    def wrapped(value: Any) -> Any:
+        result = parse(value)
+        if result <= 0:
+            raise ValueError(f"{what} must be positive, got {value!r}")
+        return result
+
+    return wrapped
+
+
+def _non_negative(parse: Callable[[Any], Any], what: str) -> Callable[[Any], Any]:
+    def wrapped(value: Any) -> Any:
+        result = parse(value)
+        if result < 0:
+            raise ValueError(f"{what} must not be negative, got {value!r}")
+        return result
+
+    return wrapped
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if value not in options:
+            raise ValueError(f"must be one of {', '.join(options)}; got {value!r}")
+        return value
+
+    return parse
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {_type_name(value)} {value!r}")
+    return value
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ValueError(
+            f"must be 1-8 lower-case letters or digits starting with a letter, got {value!r}"
+        )
+    return value
+
+
+def _scale(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"must be a number such as 0.001, got {_type_name(value)} {value!r}")
+    if not 0 < value <= 1:
+        raise ValueError(f"must be in (0, 1], got {value}")
+    return float(value)
+
+
+def _network(value: Any) -> ipaddress.IPv4Network:
+    if not isinstance(value, str):
+        raise ValueError(f"must be an IPv4 prefix such as '198.18.0.0/16', got {value!r}")
+    try:
+        return ipaddress.IPv4Network(value, strict=True)
+    except ValueError as e:
+        raise ValueError(f"is not an IPv4 prefix: {e}") from None
+
+
+_rate = _positive(units.parse_rate, "rate")
+_size = _positive(units.parse_size, "size")
+_distance = _positive(units.parse_distance, "distance")
+_duration = _positive(units.parse_duration, "duration")
+_probability = _non_negative(units.parse_probability, "probability")
+
+
+class _Reader:
+    """Walks the YAML tree keeping the file name, so every error can say where it is."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def fail(self, path: str, message: str) -> SpecError:
+        return SpecError(self.file, path, message)
+
+    def mapping(self, value: Any, path: str, allowed: tuple[str, ...]) -> dict:
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise self.fail(path or "(top level)", f"must be a mapping, got {_type_name(value)}")
+        for key in value:
+            if key not in allowed:
+                raise self.fail(
+                    _join(path, str(key)), f"unknown key; expected one of: {', '.join(allowed)}"
+                )
+        return value
+
+    def get(self, m: dict, path: str, key: str, parse: Callable[[Any], Any], default: Any = _REQUIRED) -> Any:
+        where = _join(path, key)
+        if key not in m:
+            if default is _REQUIRED:
+                raise self.fail(where, "is required")
+            return default
+        try:
+            return parse(m[key])
+        except ValueError as e:
+            raise self.fail(where, str(e)) from None
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def load(path: str | Path) -> FabricSpec:
+    """Read and validate a topology file."""
+    file = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise SpecError(file, "", f"cannot read: {e.strerror}") from None
+    return parse(text, file)
+
+
+def parse(text: str, file: str = "<string>") -> FabricSpec:
+    """Validate the YAML text of a topology; ``file`` is used in error messages."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise SpecError(file, "", f"not valid YAML: {where}{problem}") from None
+    r = _Reader(file)
+    top = r.mapping(
+        doc,
+        "",
+        ("version", "scale", "mtu", "shaper", "addressing", "links", "buffers", "datacenters",
+         "wan", "ecmp", "ecn", "pfc", "nic"),
+    )
+    version = r.get(top, "", "version", _int(1))
+    if version != FORMAT_VERSION:
+        raise r.fail("version", f"format version {version} is not supported; this backplane reads {FORMAT_VERSION}")
+    scale = r.get(top, "", "scale", _scale, 0.001)
+    mtu = r.get(top, "", "mtu", _int(ROCE_MAX_PACKET, 9216), 4200)
+    shaper = r.get(top, "", "shaper", _choice(SHAPERS), "htb")
+    addressing = _addressing(r, top)
+    links = _links(r, top)
+    buffers = _buffers(r, top)
+    datacenters = _datacenters(r, top)
+    wan_paths = _wan(r, top, mtu)
+    spec = FabricSpec(
+        source=file,
+        version=version,
+        scale=scale,
+        mtu=mtu,
+        shaper=shaper,
+        addressing=addressing,
+        links=links,
+        buffers=buffers,
+        datacenters=datacenters,
+        wan_paths=wan_paths,
+        ecmp=_ecmp(r, top),
+        ecn=_ecn(r, top),
+        pfc=_pfc(r, top),
+        nic=_nic(r, top),
+    )
+    _check_whole(r, spec, top)
+    return spec
+
+
+def _addressing(r: _Reader, top: dict) -> Addressing:
+    m = r.mapping(top.get("addressing"), "addressing", ("hosts", "host_prefix", "links"))
+    hosts = r.get(m, "addressing", "hosts", _network, ipaddress.IPv4Network("198.18.0.0/16"))
+    host_prefix = r.get(m, "addressing", "host_prefix", _int(8, 30), 24)
+    links = r.get(m, "addressing", "links", _network, ipaddress.IPv4Network("198.19.0.0/16"))
+    if host_prefix < hosts.prefixlen:
+        raise r.fail("addressing.host_prefix", f"/{host_prefix} is wider than addressing.hosts {hosts}")
+    if links.prefixlen > 31:
+        raise r.fail("addressing.links", f"{links} holds no /31 point-to-point subnet")
+    if hosts.overlaps(links):
+        raise r.fail("addressing.links", f"{links} overlaps addressing.hosts {hosts}")
+    return Addressing(hosts=hosts, host_prefix=host_prefix, links=links)
+
+
+def _links(r: _Reader, top: dict) -> LinkRates:
+    m = r.mapping(top.get("links"), "links", ("host", "fabric", "border"))
+    return LinkRates(
+        host=r.get(m, "links", "host", _rate, 400_000_000_000),
+        fabric=r.get(m, "links", "fabric", _rate, 400_000_000_000),
+        border=r.get(m, "links", "border", _rate, 400_000_000_000),
+    )
+
+
+def _buffers(r: _Reader, top: dict) -> Buffers:
+    m = r.mapping(top.get("buffers"), "buffers", ("host", "switch", "border"))
+    return Buffers(
+        host=r.get(m, "buffers", "host", _size, 16_000_000),
+        switch=r.get(m, "buffers", "switch", _size, 16_000_000),
+        border=r.get(m, "buffers", "border", _size, 1_000_000_000),
+    )
+
+
+def _datacenters(r: _Reader, top: dict) -> tuple[DataCenter, ...]:
+    raw = top.get("datacenters")
+    if raw is None:
+        raise r.fail("datacenters", "is required")
+    if not isinstance(raw, list):
+        raise r.fail("datacenters", f"must be a list, got {_type_name(raw)}")
+    if len(raw) not in (1, 2):
+        raise r.fail("datacenters", f"backplane builds 1 or 2 datacenters, got {len(raw)}")
+    out = []
+    for i, item in enumerate(raw):
+        path = f"datacenters[{i}]"
+        m = r.mapping(item, path, ("name", "spines", "leaves", "hosts_per_leaf", "borders"))
+        dc = DataCenter(
+            name=r.get(m, path, "name", _name),
+            spines=r.get(m, path, "spines", _int(1, 64)),
+            leaves=r.get(m, path, "leaves", _int(1, 256)),
+            hosts_per_leaf=r.get(m, path, "hosts_per_leaf", _int(1)),
+            borders=r.get(m, path, "borders", _int(0, 16), 1 if len(raw) == 2 else 0),
+        )
+        if any(prev.name == dc.name for prev in out):
+            raise r.fail(f"{path}.name", f"{dc.name!r} is already the name of another datacenter")
+        out.append(dc)
+    return tuple(out)
+
+
+def _wan(r: _Reader, top: dict, mtu: int) -> tuple[WanPath, ...]:
+    if "wan" not in top:
+        return ()
+    m = r.mapping(top["wan"], "wan", ("paths", "distance", "rate", "loss", "corruption", "ber", "overrides"))
+    count = r.get(m, "wan", "paths", _int(1, 64))
+    base = {
+        "distance": r.get(m, "wan", "distance", _distance),
+        "rate": r.get(m, "wan", "rate", _rate),
+        "loss": r.get(m, "wan", "loss", _probability, 0.0),
+        "corruption": r.get(m, "wan", "corruption", _probability, None),
+        "ber": r.get(m, "wan", "ber", _probability, None),
+    }
+    if base["corruption"] is not None and base["ber"] is not None:
+        raise r.fail("wan.ber", "give either corruption (per packet) or ber (per bit), not both")
+    overrides = m.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise r.fail("wan.overrides", f"must be a mapping of path index to settings, got {_type_name(overrides)}")
+    per_path: dict[int, dict] = {}
+    for key, value in overrides.items():
+        where = f"wan.overrides.{key}"
+        if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key < count:
+            raise r.fail(where, f"path index must be an integer in 0..{count - 1}")
+        o = r.mapping(value, where, ("distance", "rate", "loss", "corruption", "ber"))
+        got = {
+            "distance": r.get(o, where, "distance", _distance, None),
+            "rate": r.get(o, where, "rate", _rate, None),
+            "loss": r.get(o, where, "loss", _probability, None),
+            "corruption": r.get(o, where, "corruption", _probability, None),
+            "ber": r.get(o, where, "ber", _probability, None),
+        }
+        if got["corruption"] is not None and got["ber"] is not None:
+            raise r.fail(f"{where}.ber", "give either corruption (per packet) or ber (per bit), not both")
+        per_path[key] = {k: v for k, v in got.items() if v is not None}
+    frame_bits = 8 * (mtu + ETH_HEADER)
+    paths = []
+    for i in range(count):
+        p = dict(base)
+        if "corruption" in per_path.get(i, {}) or "ber" in per_path.get(i, {}):
+            p["corruption"] = p["ber"] = None
+        p.update(per_path.get(i, {}))
+        ber = p["ber"] or 0.0
+        # netem corrupts one bit of a packet with a per-packet probability: for a BER, that is the
+        # chance that a full-size frame carries at least one flipped bit.
+        corruption = p["corruption"] if p["corruption"] is not None else 1.0 - (1.0 - ber) ** frame_bits
+        paths.append(WanPath(i, p["distance"], p["rate"], p["loss"], corruption, ber))
+    return tuple(paths)
+
+
+def _ecmp(r: _Reader, top: dict) -> Ecmp:
+    m = r.mapping(top.get("ecmp"), "ecmp", ("hash",))
+    return Ecmp(hash=r.get(m, "ecmp", "hash", _choice(HASH_MODES), "five-tuple"))
+
+
+def _ecn(r: _Reader, top: dict) -> Ecn:
+    m = r.mapping(top.get("ecn"), "ecn", ("kmin", "kmax", "pmax"))
+    ecn = Ecn(
+        kmin=r.get(m, "ecn", "kmin", _size, Ecn.kmin),
+        kmax=r.get(m, "ecn", "kmax", _size, Ecn.kmax),
+        pmax=r.get(m, "ecn", "pmax", _probability, Ecn.pmax),
+    )
+    if ecn.kmax < ecn.kmin:
+        raise r.fail("ecn.kmax", f"must not be below ecn.kmin ({ecn.kmax} < {ecn.kmin} bytes)")
+    return ecn
+
+
+def _pfc(r: _Reader, top: dict) -> Pfc:
+    m = r.mapping(top.get("pfc"), "pfc", ("enabled", "priority", "xoff", "xon", "watchdog"))
+    w = r.mapping(m.get("watchdog"), "pfc.watchdog", ("detection_time", "restoration_time", "action"))
+    pfc = Pfc(
+        enabled=r.get(m, "pfc", "enabled", _bool, False),
+        priority=r.get(m, "pfc", "priority", _int(0, 7), 3),
+        xoff=r.get(m, "pfc", "xoff", _size, Pfc.xoff),
+        xon=r.get(m, "pfc", "xon", _size, Pfc.xon),
+        watchdog=PfcWatchdog(
+            detection_time=r.get(w, "pfc.watchdog", "detection_time", _duration, 0.2),
+            restoration_time=r.get(w, "pfc.watchdog", "restoration_time", _duration, 0.2),
+            action=r.get(w, "pfc.watchdog", "action", _choice(PFC_WATCHDOG_ACTIONS), "drop"),
+        ),
+    )
+    if pfc.xon > pfc.xoff:
+        raise r.fail("pfc.xon", f"must not exceed pfc.xoff ({pfc.xon} > {pfc.xoff} bytes)")
+    return pfc
+
+
+def _nic(r: _Reader, top: dict) -> Nic:
+    m = r.mapping(top.get("nic"), "nic", ("transport", "dcqcn", "qps_per_pair"))
+    return Nic(
+        transport=r.get(m, "nic", "transport", _choice(TRANSPORTS), "selective"),
+        dcqcn=r.get(m, "nic", "dcqcn", _choice(DCQCN_PROFILES), "paper"),
+        qps_per_pair=r.get(m, "nic", "qps_per_pair", _int(1, 1024), 1),
+    )
+
+
+def _check_whole(r: _Reader, spec: FabricSpec, top: dict) -> None:
+    """Checks that involve more than one field."""
+    if spec.cross_dc:
+        if not spec.wan_paths:
+            raise r.fail("wan", "two datacenters need long-haul paths: add wan.paths, wan.distance and wan.rate")
+        for i, dc in enumerate(spec.datacenters):
+            if dc.borders < 1:
+                raise r.fail(f"datacenters[{i}].borders", "a datacenter joined by the WAN needs at least 1 border")
+    elif spec.wan_paths:
+        raise r.fail("wan", "long-haul paths join two datacenters; this file has one")
+    # Addresses: one subnet per leaf, hosts plus the leaf's gateway and the network/broadcast.
+    a = spec.addressing
+    per_subnet = 2 ** (32 - a.host_prefix) - 3
+    for i, dc in enumerate(spec.datacenters):
+        if dc.hosts_per_leaf > per_subnet:
+            raise r.fail(
+                f"datacenters[{i}].hosts_per_leaf",
+                f"{dc.hosts_per_leaf} hosts do not fit a /{a.host_prefix} leaf subnet "
+                f"({per_subnet} addresses); lower it or widen addressing.host_prefix",
+            )
+    leaves = sum(dc.leaves for dc in spec.datacenters)
+    subnets = 2 ** (a.host_prefix - a.hosts.prefixlen)
+    if leaves > subnets:
+        raise r.fail("addressing.hosts", f"{a.hosts} holds {subnets} /{a.host_prefix} leaf subnets; the fabric has {leaves} leaves")
+    p2p = sum(dc.leaves * dc.spines + dc.spines * dc.borders for dc in spec.datacenters) + len(spec.wan_paths)
+    if p2p > a.links.num_addresses // 2:
+        raise r.fail("addressing.links", f"{a.links} holds {a.links.num_addresses // 2} /31 subnets; the fabric has {p2p} point-to-point links")
+    # Emulated rates and buffers must be ones the kernel can run.
+    rates = [("links.host", spec.links.host), ("links.fabric", spec.links.fabric), ("links.border", spec.links.border)]
+    rates += [(f"wan.rate (path {p.index})", p.rate_bps) for p in spec.wan_paths]
+    for where, bps in rates:
+        emulated = spec.emulated_rate(bps)
+        if not MIN_EMULATED_RATE <= emulated <= MAX_EMULATED_RATE:
+            raise r.fail(
+                where.split(" ")[0],
+                f"{units.format_rate(bps)} at scale {spec.scale} runs at {units.format_rate(emulated)}, "
+                f"outside the {units.format_rate(MIN_EMULATED_RATE)}..{units.format_rate(MAX_EMULATED_RATE)} "
+                "an emulated port can shape; change scale",
+            )
+    frame = spec.mtu + ETH_HEADER
+    for name in ("host", "switch", "border"):
+        real = getattr(spec.buffers, name)
+        if spec.emulated_size(real) < frame:
+            raise r.fail(
+                f"buffers.{name}",
+                f"{units.format_size(real)} at scale {spec.scale} is {spec.emulated_size(real)} bytes, "
+                f"less than one {frame}-byte frame",
+            )
+    if spec.pfc.enabled and spec.emulated_size(spec.pfc.xon) < 1:
+        raise r.fail("pfc.xon", "scales to 0 bytes")
+
