@@ -22,6 +22,8 @@ from .spec import ETH_HEADER, FabricSpec, WanPath
 PROJECT_PREFIX = "bp-"
 DEFAULT_NAME = "main"
 _FABRIC_NAME = re.compile(r"^[a-z0-9]{1,12}$")
+# Reserved: throwaway namespaces of capability probes are named bp-probe-<pid>.
+RESERVED_NAMES = ("probe",)
 # netem's queue must hold the path's bandwidth-delay product even in minimum-size frames, with
 # 50% to spare, so the delay line itself never drops at line rate.
 NETEM_BDP_FACTOR = 1.5
@@ -30,13 +32,17 @@ MIN_FRAME = 64
 ROLES = ("host", "leaf", "spine", "border", "fiber")
 
 
-class NameError_(BackplaneError):
+class FabricNameError(BackplaneError):
+    """A fabric name that cannot carry the prefix."""
+
     exit_code = 2
 
 
 def check_name(name: str) -> str:
     if not _FABRIC_NAME.match(name or ""):
-        raise NameError_(f"fabric name {name!r}: use 1-12 lower-case letters or digits")
+        raise FabricNameError(f"fabric name {name!r}: use 1-12 lower-case letters or digits")
+    if name in RESERVED_NAMES:
+        raise FabricNameError(f"fabric name {name!r} is reserved")
     return name
 
 

@@ -1,0 +1,100 @@
+"""A raw UDP blaster and counter: the baseline instrument for link rates.
+
+Run inside a node's namespace (``python -m emulator.blast send|recv ...``). The sender uses a
+blocking socket with a send buffer of two frames, so the egress qdisc paces it: it cannot run
+ahead of the shaper, and the queue never overflows because of the instrument itself. The
+receiver prints ``ready`` once bound (the caller waits for that line, not for a timer), counts
+what arrives in a window after a warm-up, and prints one JSON line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+
+UDP_IP_ETH = 8 + 20 + 14  # header bytes a shaper counts on top of the UDP payload
+
+
+def receive(bind: str, port: int, warmup: float, seconds: float, first_timeout: float) -> dict:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.bind((bind, port))
+    print("ready", flush=True)
+    buf = bytearray(65536)
+    sock.settimeout(first_timeout)
+    try:
+        n = sock.recv_into(buf)
+    except socket.timeout:
+        return {"error": f"no packet within {first_timeout} s"}
+    first = time.monotonic()
+    start, end = first + warmup, first + warmup + seconds
+    packets = payload = 0
+    last = None
+    sock.settimeout(0.5)
+    while True:
+        try:
+            n = sock.recv_into(buf)
+        except socket.timeout:
+            break
+        now = time.monotonic()
+        if now >= end:
+            break
+        if now >= start:
+            packets += 1
+            payload += n
+            last = now
+    if not packets or last is None:
+        return {"error": "nothing arrived after the warm-up"}
+    size = payload / packets
+    return {
+        "packets": packets,
+        "payload_bytes": payload,
+        "seconds": seconds,
+        "payload_bps": payload * 8 / seconds,
+        "wire_bps": packets * (size + UDP_IP_ETH) * 8 / seconds,
+    }
+
+
+def send(dst: str, port: int, size: int, seconds: float) -> dict:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * (size + UDP_IP_ETH))
+    payload = bytes(size)
+    end = time.monotonic() + seconds
+    sent = 0
+    while time.monotonic() < end:
+        for _ in range(16):
+            try:
+                sock.sendto(payload, (dst, port))
+                sent += 1
+            except OSError:
+                pass  # ENOBUFS/ECONNREFUSED: counted at the receiver, which is what we measure
+    return {"sent_packets": sent}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m emulator.blast")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("recv")
+    r.add_argument("--bind", required=True)
+    r.add_argument("--port", type=int, default=47001)
+    r.add_argument("--warmup", type=float, default=0.3)
+    r.add_argument("--seconds", type=float, default=1.0)
+    r.add_argument("--first-timeout", type=float, default=5.0)
+    s = sub.add_parser("send")
+    s.add_argument("--dst", required=True)
+    s.add_argument("--port", type=int, default=47001)
+    s.add_argument("--size", type=int, default=4000)
+    s.add_argument("--seconds", type=float, default=1.5)
+    a = ap.parse_args(argv)
+    if a.cmd == "recv":
+        out = receive(a.bind, a.port, a.warmup, a.seconds, a.first_timeout)
+    else:
+        out = send(a.dst, a.port, a.size, a.seconds)
+    print(json.dumps(out), flush=True)
+    return 1 if "error" in out else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

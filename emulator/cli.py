@@ -1,0 +1,245 @@
+"""The backplane command line: a thin click shell over the core.
+
+The core never prints and raises typed errors; this module turns results into text or JSON and
+errors into a message on stderr and the error's exit code.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from . import capabilities, client, errors, spec, state, units
+from . import clean as clean_mod
+from . import netns
+from . import plan as plan_mod
+from .describe import NO_DELAY_WARNING
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_TOPOLOGY = REPO / "topologies" / "cross-dc.yaml"
+
+
+def _fail(e: errors.BackplaneError) -> None:
+    click.echo(f"backplane: error: {e}", err=True)
+    sys.exit(e.exit_code)
+
+
+def core(fn):
+    """Map the core's typed errors to messages and exit codes."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except errors.BackplaneError as e:
+            _fail(e)
+
+    return wrapper
+
+
+def need_root(command: str) -> None:
+    if os.geteuid() != 0:
+        raise errors.CapabilityError(f"`backplane {command}` builds network namespaces and needs root",
+                                     f"sudo {sys.argv[0]} {command} ...")
+
+
+name_option = click.option("--name", "-n", default=plan_mod.DEFAULT_NAME, show_default=True,
+                           help="Fabric name: its namespaces are bp-<name>-<node>.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """backplane: a cross-datacenter RoCEv2 fabric on real Linux networking."""
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@core
+def doctor(as_json: bool) -> None:
+    """Check what this machine can do, each item with the command that fixes it."""
+    checks = capabilities.doctor()
+    if as_json:
+        click.echo(json.dumps([c.as_dict() for c in checks], indent=2))
+    else:
+        for c in checks:
+            mark = "ok  " if c.ok else "FAIL"
+            click.echo(f"{mark} {c.name:<12} {c.detail}")
+            if not c.ok and c.fix:
+                click.echo(f"     {'':<12} fix: {c.fix}")
+    required = {"root", "mnexec", "iproute2", "tc", "ping", "qdisc htb", "qdisc tbf", "bcc"}
+    if any(not c.ok and c.name in required for c in checks):
+        sys.exit(errors.CapabilityError.exit_code)
+
+
+@main.command()
+@click.argument("topology", required=False, type=click.Path(dir_okay=False))
+@name_option
+@click.option("--no-wan-delay", is_flag=True,
+              help="Run without the long-haul delay (kernels without sch_netem); said on every report.")
+@click.option("--json", "as_json", is_flag=True)
+@core
+def up(topology: str | None, name: str, no_wan_delay: bool, as_json: bool) -> None:
+    """Build a fabric from TOPOLOGY (default: topologies/cross-dc.yaml) and keep it up."""
+    need_root("up")
+    path = os.path.abspath(topology) if topology else str(DEFAULT_TOPOLOGY)
+    fabric_plan = plan_mod.build(spec.load(path), name)  # bad input fails here, before any effect
+    if fabric_plan.spec.wan_paths and not no_wan_delay and not capabilities.has_netem():
+        raise errors.CapabilityError(
+            "this kernel has no sch_netem, so the 3,000 km long-haul delay cannot be emulated here; "
+            "backplane refuses to build a fabric whose WAN would silently be 0 ms long",
+            "run in a VM with a stock kernel, or bring it up without the delay (reported on every "
+            f"line that shows a long-haul path): backplane up {topology or ''} --no-wan-delay".replace("  ", " "),
+        )
+    reply = client.spawn(name, path, wan_delay=not no_wan_delay)
+    if as_json:
+        click.echo(json.dumps(reply, indent=2))
+        return
+    click.echo(f"fabric {name!r} up in {reply['up_seconds']:.2f} s: {reply['nodes']} nodes, {reply['links']} links "
+               f"(controller pid {reply['pid']}, namespaces {plan_mod.prefix_of(name)}*)")
+    if fabric_plan.spec.wan_paths and not reply["wan_delay"]:
+        click.echo(f"WARNING: {NO_DELAY_WARNING}")
+    click.echo(f"next: backplane status --name {name}; backplane exec --name {name} NODE -- CMD; "
+               f"backplane down --name {name}")
+
+
+@main.command()
+@name_option
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--no-rtt", is_flag=True, help="Skip the RTT measurement.")
+@core
+def status(name: str, as_json: bool, no_rtt: bool) -> None:
+    """Nodes, links, rates (read back from the kernel) and RTTs measured now."""
+    need_root("status")
+    body = client.request(name, {"op": "status", "rtt": not no_rtt})["status"]
+    if as_json:
+        click.echo(json.dumps(body, indent=2))
+        return
+    for line in format_status(body):
+        click.echo(line)
+
+
+def _egress_text(e: dict) -> str:
+    k = e.get("kernel", {})
+    if (e.get("configured") or {}).get("kind") == "none":
+        return f"NO DELAY LINE ({k.get('kind')}; --no-wan-delay)"
+    if k.get("kind") in ("htb", "tbf"):
+        real = e.get("configured", {}).get("real_rate_bps")
+        return (f"{k['kind']} {units.format_rate(k['rate_bps'])} (real {units.format_rate(real)}), "
+                f"buffer {units.format_size(k.get('buffer_bytes', 0))}")
+    if k.get("kind") == "netem":
+        return (f"netem {units.format_duration(k['delay_s'])} loss {k['loss']:.3g} "
+                f"corrupt {k['corruption']:.3g} limit {k['limit_packets']}p")
+    return k.get("kind", "?")
+
+
+def format_status(body: dict) -> list[str]:
+    lines = [f"fabric {body['name']!r} from {body['topology']}  scale {body['scale']:g}  MTU {body['mtu']}  "
+             f"controller pid {body['controller_pid']}"]
+    for w in body["warnings"]:
+        lines.append(f"WARNING: {w}")
+    roles: dict[str, list[str]] = {}
+    for n in body["nodes"]:
+        roles.setdefault(n["role"], []).append(n["name"])
+    lines.append("nodes:")
+    for role, names in roles.items():
+        plural = {"leaf": "leaves"}.get(role, role + "s")
+        lines.append(f"  {plural:<8} {' '.join(names)}")
+    lines.append("links (egress as installed in the kernel):")
+    for link in body["links"]:
+        a, b = link["a"], link["b"]
+        head = f"  {link['kind']:<6} {a['node']}:{a['ifname']} <-> {b['node']}:{b['ifname']}"
+        lines.append(f"{head:<48} -> {_egress_text(a)} | <- {_egress_text(b)}")
+    if body["wan_paths"]:
+        lines.append("long-haul paths:")
+    for p in body["wan_paths"]:
+        delay = (f"{units.format_duration(p['one_way_delay_s'])} one way" if p["delay_emulated"]
+                 else f"NO DELAY (configured {units.format_duration(p['configured_one_way_delay_s'])}; --no-wan-delay)")
+        lines.append(f"  {p['fiber']:<5} {p['distance_m'] / 1e3:g} km  {units.format_rate(p['real_rate_bps'])} "
+                     f"(emulated {units.format_rate(p['rate_bps'])})  loss {p['loss']:.3g}  "
+                     f"corruption {p['corruption']:.3g}  {delay}")
+    if body["rtt"]:
+        lines.append("RTT measured now:")
+    for r in body["rtt"]:
+        if "error" in r:
+            lines.append(f"  {r['scope']:<10} {r['src']} -> {r['dst']}: FAILED: {r['error']}")
+            continue
+        note = "" if body["wan_delay"] or r["scope"] != "cross-dc" else "  (NO WAN DELAY: not the real distance)"
+        lines.append(f"  {r['scope']:<10} {r['src']} -> {r['dst']} ({r['dst_address']}): "
+                     f"avg {units.format_duration(r['avg_s'])} min {units.format_duration(r['min_s'])} "
+                     f"max {units.format_duration(r['max_s'])} ({r['received']}/{r['sent']} replies); "
+                     f"expected {units.format_duration(r['expected_s']) if r['expected_s'] else '~0'} propagation{note}")
+    return lines
+
+
+@main.command(name="exec", context_settings={"ignore_unknown_options": True})
+@name_option
+@click.argument("node")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@core
+def exec_(name: str, node: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND inside NODE's namespace: backplane exec east-host0 -- ping 198.18.2.2"""
+    need_root("exec")
+    prefix = plan_mod.prefix_of(name)
+    ns = node if node.startswith(prefix) else prefix + node
+    if not netns.exists(ns):
+        have = [n[len(prefix):] for n in netns.names(prefix)]
+        if not have:
+            raise errors.NotRunning(f"no fabric named {name!r} is up")
+        raise errors.BackplaneError(f"fabric {name!r} has no node {node!r}; nodes: {' '.join(have)}")
+    argv = netns.command(ns, list(command))
+    os.execvp(argv[0], argv)
+
+
+@main.command()
+@name_option
+@core
+def down(name: str) -> None:
+    """Tear a fabric down: every namespace, link, qdisc and process it made."""
+    need_root("down")
+    reply = client.request(name, {"op": "down"})
+    rec = state.read_record(name)
+    if rec is not None:
+        client.stop_controller(rec.pid)
+    left = clean_mod.leftovers(name)
+    if left["namespaces"] or left["processes"] or left["root_links"]:
+        raise errors.FabricError(f"fabric {name!r} left {left} after down; backplane clean --name {name}")
+    click.echo(f"fabric {name!r} down in {reply['down_seconds']:.2f} s")
+
+
+@main.command()
+@click.option("--name", "-n", default=None, help="Only this fabric (default: every fabric of the project).")
+@click.option("--json", "as_json", is_flag=True)
+@core
+def clean(name: str | None, as_json: bool) -> None:
+    """Remove everything the project made (bp-* namespaces, their processes, state), also after a crash."""
+    need_root("clean")
+    if name:
+        plan_mod.check_name(name)
+    reports = clean_mod.clean(name)
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in reports], indent=2))
+        return
+    if not reports:
+        click.echo("nothing to clean")
+    for r in reports:
+        click.echo(f"fabric {r.fabric!r}: controller {r.controller}, {len(r.namespaces)} namespaces and "
+                   f"{r.processes} processes removed" + (f", root links {r.root_links}" if r.root_links else ""))
+
+
+@main.command(name="list")
+@core
+def list_() -> None:
+    """Fabrics with a state directory or namespaces on this machine."""
+    for name in clean_mod.fabric_names():
+        rec = state.read_record(name)
+        live = "up" if rec is not None and rec.alive() else "NOT RUNNING (backplane clean)"
+        count = len(netns.names(plan_mod.prefix_of(name)))
+        click.echo(f"{name:<12} {live:<30} {count} namespaces")
+
+
+if __name__ == "__main__":
+    main()

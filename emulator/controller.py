@@ -1,0 +1,154 @@
+"""The controller: the one process that owns a running fabric.
+
+``backplane up`` starts it detached; it builds the fabric, reports success or a typed error on
+a pipe, then serves JSON requests on a Unix socket until ``down`` or a signal, and tears the
+fabric down on the way out. Its node shells die with it; what a crash leaves behind, ``clean``
+finds by the fabric's prefix.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from . import describe, errors, spec, state
+from . import plan as plan_mod
+from .fabric import Fabric
+
+PROTOCOL = 1
+MAX_REQUEST = 1 << 16
+
+
+class _Stop(BaseException):
+    """Raised in the main thread by SIGTERM/SIGINT: tear down and leave."""
+
+
+def _on_signal(signum, frame):  # noqa: ARG001
+    raise _Stop()
+
+
+def _error_payload(e: BaseException) -> dict:
+    if isinstance(e, errors.BackplaneError):
+        return {"ok": False, "error": str(e), "type": type(e).__name__, "exit_code": e.exit_code}
+    return {"ok": False, "error": f"{type(e).__name__}: {e}", "type": "FabricError",
+            "exit_code": errors.FabricError.exit_code}
+
+
+class Controller:
+    def __init__(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        self.plan = fabric.plan
+        self.started_at = time.time()
+
+    def handle(self, request: dict) -> tuple[dict, bool]:
+        """Answer one request; the bool says whether to stop serving afterwards."""
+        op = request.get("op")
+        if op == "ping":
+            return {"ok": True, "protocol": PROTOCOL, "name": self.plan.name, "pid": os.getpid()}, False
+        if op == "status":
+            body = describe.fabric(self.fabric, measure_rtt=bool(request.get("rtt", True)))
+            body.update(controller_pid=os.getpid(), up_since=self.started_at)
+            return {"ok": True, "status": body}, False
+        if op == "down":
+            started = time.monotonic()
+            self.fabric.stop()
+            return {"ok": True, "down_seconds": time.monotonic() - started}, True
+        return {"ok": False, "error": f"unknown request {op!r}", "type": "BackplaneError", "exit_code": 1}, False
+
+    def serve(self, listener: socket.socket) -> None:
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                stop = False
+                try:
+                    conn.settimeout(30)
+                    data = b""
+                    while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
+                        chunk = conn.recv(4096)
+                        if not chunk:
+                            break
+                        data += chunk
+                    request = json.loads(data or b"{}")
+                    if not isinstance(request, dict):
+                        raise ValueError("a request is a JSON object")
+                    reply, stop = self.handle(request)
+                except _Stop:
+                    raise
+                except Exception as e:  # noqa: BLE001 - a bad request must not kill the fabric
+                    reply = _error_payload(e)
+                try:
+                    conn.sendall(json.dumps(reply).encode() + b"\n")
+                except OSError:
+                    pass
+                if stop:
+                    return
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m emulator.controller")
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--topology", required=True)
+    ap.add_argument("--no-wan-delay", action="store_true")
+    ap.add_argument("--ready-fd", type=int, required=True)
+    a = ap.parse_args(argv)
+    ready = os.fdopen(a.ready_fd, "w")
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGHUP, _on_signal)
+    fabric = None
+    listener = None
+    failed = False
+    try:
+        fabric_plan = plan_mod.build(spec.load(a.topology), a.name)
+        state.write_record(a.name, os.path.abspath(a.topology), not a.no_wan_delay)
+        fabric = Fabric(fabric_plan, wan_delay=not a.no_wan_delay)
+        fabric.start()
+        path = state.socket_path(a.name)
+        if path.exists():
+            path.unlink()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(path))
+        os.chmod(path, 0o600)
+        listener.listen(8)
+        ready.write(json.dumps({"ok": True, "pid": os.getpid(), "up_seconds": fabric.up_seconds,
+                                "nodes": len(fabric_plan.nodes), "links": len(fabric_plan.links),
+                                "wan_delay": fabric.wan_delay}) + "\n")
+        ready.close()
+        ready = None
+        Controller(fabric).serve(listener)
+        return 0
+    except _Stop:
+        return 0
+    except BaseException as e:  # noqa: BLE001 - report every failure to `up`, then clean up
+        failed = True
+        traceback.print_exc()
+        if ready is not None:
+            try:
+                ready.write(json.dumps(_error_payload(e)) + "\n")
+            except OSError:
+                pass
+        return 1
+    finally:
+        if listener is not None:
+            listener.close()
+        if fabric is not None:
+            try:
+                fabric.stop()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+        if ready is not None:
+            try:
+                ready.close()
+            except OSError:
+                pass
+        state.remove(a.name, keep_log=failed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

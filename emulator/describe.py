@@ -1,0 +1,99 @@
+"""The status of a running fabric, read back from the kernel and measured now.
+
+Nothing here repeats the plan without checking it: rates, buffers and delay lines are read from
+the qdiscs that are installed, and RTTs come from pings sent when status is asked for.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import measure, queues
+from .errors import MeasurementError
+from .plan import DelayLine, FabricPlan, Port, Shaping
+
+if TYPE_CHECKING:
+    from .fabric import Fabric
+
+NO_DELAY_WARNING = "NO WAN DELAY: started with --no-wan-delay; long-haul paths have no propagation delay"
+
+
+def rtt_pairs(plan: FabricPlan) -> list[tuple[str, str, str]]:
+    """(scope, src, dst): one host pair across the DCs, one within a DC across leaves."""
+    pairs = []
+    dcs = plan.spec.datacenters
+    first = {dc.name: f"{dc.name}-host0" for dc in dcs}
+    if len(dcs) == 2:
+        pairs.append(("cross-dc", first[dcs[0].name], first[dcs[1].name]))
+    dc = dcs[0]
+    if dc.leaves > 1:
+        pairs.append(("intra-dc", first[dc.name], f"{dc.name}-host{dc.hosts_per_leaf}"))
+    elif dc.hosts_per_leaf > 1:
+        pairs.append(("intra-leaf", first[dc.name], f"{dc.name}-host1"))
+    return pairs
+
+
+def expected_rtt(plan: FabricPlan, scope: str, wan_delay: bool) -> float:
+    return 2 * plan.wan_delay_s() if scope == "cross-dc" and wan_delay else 0.0
+
+
+def _configured(egress: Shaping | DelayLine | None, wan_delay: bool) -> dict | None:
+    if isinstance(egress, Shaping):
+        return {"kind": egress.shaper, "rate_bps": egress.rate_bps, "real_rate_bps": egress.real_rate_bps,
+                "buffer_bytes": egress.buffer_bytes, "real_buffer_bytes": egress.real_buffer_bytes}
+    if isinstance(egress, DelayLine):
+        if not wan_delay:
+            return {"kind": "none", "note": NO_DELAY_WARNING}
+        return {"kind": "netem", "delay_s": egress.delay_s, "loss": egress.loss,
+                "corruption": egress.corruption, "limit_packets": egress.limit_packets}
+    return None
+
+
+def _port(fabric: "Fabric", port: Port) -> dict:
+    node = fabric.nodes[port.node]
+    index = node.ipr.link_lookup(ifname=port.ifname)[0]
+    return {
+        "node": port.node,
+        "ifname": port.ifname,
+        "mac": port.mac,
+        "address": str(port.address) if port.address else None,
+        "configured": _configured(port.egress, fabric.wan_delay),
+        "kernel": queues.read(node.ipr, index),
+    }
+
+
+def fabric(f: "Fabric", measure_rtt: bool = True) -> dict:
+    plan = f.plan
+    spec = plan.spec
+    out: dict = {
+        "name": plan.name,
+        "prefix": plan.prefix,
+        "topology": spec.source,
+        "scale": spec.scale,
+        "mtu": spec.mtu,
+        "wan_delay": f.wan_delay,
+        "warnings": [NO_DELAY_WARNING] if spec.wan_paths and not f.wan_delay else [],
+        "up_seconds": f.up_seconds,
+        "nodes": [{"name": n.name, "role": n.role, "dc": n.dc, "netns": plan.netns(n.name)} for n in plan.nodes],
+        "links": [],
+        "wan_paths": [],
+        "rtt": [],
+    }
+    for link in plan.links:
+        out["links"].append({"kind": link.kind, "path": link.path, "a": _port(f, link.a), "b": _port(f, link.b)})
+    for p in spec.wan_paths:
+        out["wan_paths"].append({
+            "index": p.index, "fiber": f"wan{p.index}", "distance_m": p.distance_m,
+            "one_way_delay_s": p.delay_s if f.wan_delay else 0.0,
+            "configured_one_way_delay_s": p.delay_s, "delay_emulated": f.wan_delay,
+            "real_rate_bps": p.rate_bps, "rate_bps": spec.emulated_rate(p.rate_bps),
+            "loss": p.loss, "corruption": p.corruption, "ber": p.ber,
+        })
+    if measure_rtt:
+        for scope, src, dst in rtt_pairs(plan):
+            entry = {"scope": scope, "expected_s": expected_rtt(plan, scope, f.wan_delay)}
+            try:
+                entry.update(measure.rtt(plan, src, dst).as_dict())
+            except MeasurementError as e:
+                entry.update(src=src, dst=dst, error=str(e))
+            out["rtt"].append(entry)
+    return out
