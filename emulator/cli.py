@@ -230,6 +230,61 @@ def clean(name: str | None, as_json: bool) -> None:
                    f"{r.processes} processes removed" + (f", root links {r.root_links}" if r.root_links else ""))
 
 
+def _running_plan(name: str) -> plan_mod.FabricPlan:
+    rec = state.read_record(name)
+    if rec is None or not rec.alive():
+        raise errors.NotRunning(f"no fabric named {name!r} is up (backplane up --name {name})")
+    return plan_mod.build(spec.load(rec.topology), name)
+
+
+@main.group()
+def measure() -> None:
+    """Measure a running fabric."""
+
+
+@measure.command(name="link")
+@name_option
+@click.argument("src")
+@click.argument("dst")
+@click.option("--path", "path_index", type=int, default=None, help="Long-haul path between two borders.")
+@click.option("--seconds", type=float, default=1.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@core
+def measure_link(name: str, src: str, dst: str, path_index: int | None, seconds: float, as_json: bool) -> None:
+    """Blast UDP from SRC to its neighbour DST and report the rate that arrives vs the configured one."""
+    need_root("measure link")
+    from . import measure as measure_mod
+
+    fabric_plan = _running_plan(name)
+    port, peer = find_link(fabric_plan, src, dst, path_index)
+    result = measure_mod.link_rate(fabric_plan, src, dst, str(peer.address.ip), port.egress.rate_bps, seconds=seconds)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    click.echo(f"{src} -> {dst} ({peer.address.ip}): {units.format_rate(result.wire_bps)} on the wire of "
+               f"{units.format_rate(result.configured_bps)} configured ({result.ratio:.3f}), "
+               f"{result.packets} packets in {seconds:g} s")
+
+
+def find_link(fabric_plan: plan_mod.FabricPlan, src: str, dst: str, path_index: int | None):
+    """The egress port of ``src`` towards ``dst`` and the port that receives on ``dst``."""
+    for link in fabric_plan.links:
+        for a, b in ((link.a, link.b), (link.b, link.a)):
+            if a.node == src and b.node == dst:
+                return a, b
+    # Two borders are neighbours through a fiber: the border's own port is the shaped one.
+    for link in fabric_plan.links:
+        if link.kind == "wan" and link.a.node == src and (path_index is None or link.path == path_index):
+            for other in fabric_plan.links:
+                if other.kind == "wan" and other.path == link.path and other.b.node == dst:
+                    return link.a, other.b
+        if link.kind == "wan" and link.b.node == src and (path_index is None or link.path == path_index):
+            for other in fabric_plan.links:
+                if other.kind == "wan" and other.path == link.path and other.a.node == dst:
+                    return link.b, other.a
+    raise errors.BackplaneError(f"{src} and {dst} are not neighbours in fabric {fabric_plan.name!r}")
+
+
 @main.command(name="list")
 @core
 def list_() -> None:

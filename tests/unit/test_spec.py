@@ -1,0 +1,197 @@
+"""The topology format: shipped files, defaults, scaling and every error path."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from emulator import spec
+from emulator.errors import SpecError
+
+TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
+
+MINIMAL = {
+    "version": 1,
+    "datacenters": [
+        {"name": "east", "spines": 1, "leaves": 1, "hosts_per_leaf": 1},
+        {"name": "west", "spines": 1, "leaves": 1, "hosts_per_leaf": 1},
+    ],
+    "wan": {"paths": 2, "distance": "3000km", "rate": "400Gbps"},
+}
+
+
+def load(doc, file="t.yaml"):
+    return spec.parse(yaml.safe_dump(doc), file)
+
+
+def with_(path, value, base=None):
+    """A copy of MINIMAL with the value at a dotted path (ints index lists) replaced."""
+    doc = yaml.safe_load(yaml.safe_dump(base or MINIMAL))
+    keys = path.split(".")
+    node = doc
+    for k in keys[:-1]:
+        node = node[int(k)] if isinstance(node, list) else node.setdefault(k, {})
+    last = keys[-1]
+    if isinstance(node, list):
+        node[int(last)] = value
+    elif value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return doc
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize("name", ["cross-dc", "single-dc", "tiny"])
+def test_shipped_topologies_load(name):
+    s = spec.load(TOPOLOGIES / f"{name}.yaml")
+    assert s.version == 1
+    assert s.mtu >= spec.ROCE_MAX_PACKET
+
+
+def test_default_topology_is_the_issue_s_fabric():
+    s = spec.load(TOPOLOGIES / "cross-dc.yaml")
+    assert [(d.name, d.spines, d.leaves, d.hosts_per_leaf, d.borders) for d in s.datacenters] == [
+        ("east", 2, 2, 2, 1), ("west", 2, 2, 2, 1)]
+    assert len(s.wan_paths) == 8
+    assert all(p.distance_m == 3_000_000 and p.delay_s == pytest.approx(0.015) for p in s.wan_paths)
+    assert s.scale == 0.001
+    assert s.emulated_rate(s.links.host) == 400_000_000
+
+
+def test_single_dc_has_the_same_hosts():
+    cross = spec.load(TOPOLOGIES / "cross-dc.yaml")
+    single = spec.load(TOPOLOGIES / "single-dc.yaml")
+    count = lambda s: sum(d.leaves * d.hosts_per_leaf for d in s.datacenters)  # noqa: E731
+    assert count(single) == count(cross) == 8
+    assert single.wan_paths == ()
+
+
+def test_defaults():
+    s = load(MINIMAL)
+    assert s.scale == 0.001 and s.mtu == 4200 and s.shaper == "htb"
+    assert s.links.host == s.links.fabric == s.links.border == 400_000_000_000
+    assert [d.borders for d in s.datacenters] == [1, 1]
+    assert s.ecmp.hash == "five-tuple" and s.nic.transport == "selective" and s.nic.dcqcn == "paper"
+    assert s.pfc.enabled is False and s.pfc.watchdog.detection_time == pytest.approx(0.2)
+    assert s.ecn.kmin == 5000 and s.ecn.kmax == 200_000 and s.ecn.pmax == pytest.approx(0.01)
+    assert str(s.addressing.hosts) == "198.18.0.0/16"
+
+
+def test_scale_applies_to_rates_and_sizes():
+    s = load(with_("scale", 0.01))
+    assert s.emulated_rate(s.links.fabric) == 4_000_000_000
+    assert s.emulated_size(s.buffers.switch) == 160_000
+
+
+def test_ber_becomes_per_packet_corruption_for_full_frames():
+    s = load(with_("wan.ber", 1e-8))
+    frame_bits = 8 * (4200 + 14)
+    assert s.wan_paths[0].corruption == pytest.approx(1 - (1 - 1e-8) ** frame_bits)
+    assert s.wan_paths[0].ber == 1e-8
+
+
+def test_per_path_overrides():
+    s = load(with_("wan.overrides", {1: {"loss": "1%", "distance": "100km"}}))
+    assert s.wan_paths[0].loss == 0 and s.wan_paths[0].distance_m == 3_000_000
+    assert s.wan_paths[1].loss == pytest.approx(0.01) and s.wan_paths[1].delay_s == pytest.approx(0.0005)
+
+
+# Every error names the file, the key path and what is wrong.
+ERRORS = [
+    (with_("colour", "blue"), "colour", "unknown key"),
+    (with_("wan.speed", "1Gbps"), "wan.speed", "unknown key"),
+    (with_("datacenters.0", {"name": "east", "spines": 1, "leaves": 1, "hosts_per_leaf": 1, "racks": 2}),
+     "datacenters[0].racks", "unknown key"),
+    (with_("version", 2), "version", "not supported"),
+    (with_("version", DELETE), "version", "is required"),
+    (with_("version", "one"), "version", "must be an integer"),
+    (with_("scale", 0), "scale", "must be in (0, 1]"),
+    (with_("scale", "small"), "scale", "must be a number"),
+    (with_("mtu", 1500), "mtu", "at least"),
+    (with_("mtu", 4200.5), "mtu", "must be an integer"),
+    (with_("shaper", "cbq"), "shaper", "must be one of"),
+    (with_("links.host", "-400Gbps"), "links.host", "expected a rate"),
+    (with_("links.host", "0Gbps"), "links.host", "must be positive"),
+    (with_("links.fabric", 400), "links.fabric", "no unit"),
+    (with_("buffers.switch", "1KB"), "buffers.switch", "less than one"),
+    (with_("wan.rate", "1Tbps", with_("scale", 0.05)), "wan.rate", "change scale"),
+    (with_("links.host", "100Mbps"), "links.host", "change scale"),
+    (with_("wan.distance", "3000"), "wan.distance", "no unit"),
+    (with_("wan.loss", "150%"), "wan.loss", "outside [0, 1]"),
+    (with_("wan.paths", -3), "wan.paths", "at least 1"),
+    (with_("wan.paths", "eight"), "wan.paths", "must be an integer"),
+    (with_("wan.ber", 1e-9, with_("wan.corruption", 0.001)), "wan.ber", "not both"),
+    (with_("wan.overrides", {5: {"loss": 0.1}}), "wan.overrides.5", "0..1"),
+    (with_("wan.overrides", {0: {"colour": 1}}), "wan.overrides.0.colour", "unknown key"),
+    (with_("wan", DELETE), "wan", "need long-haul paths"),
+    (with_("datacenters", "east"), "datacenters", "must be a list"),
+    (with_("datacenters", []), "datacenters", "1 or 2"),
+    (with_("datacenters", MINIMAL["datacenters"] + [dict(MINIMAL["datacenters"][0], name="north")]),
+     "datacenters", "1 or 2"),
+    (with_("datacenters.1", {"name": "east", "spines": 1, "leaves": 1, "hosts_per_leaf": 1}),
+     "datacenters[1].name", "already the name"),
+    (with_("datacenters.0", {"name": "East Coast", "spines": 1, "leaves": 1, "hosts_per_leaf": 1}),
+     "datacenters[0].name", "lower-case"),
+    (with_("datacenters.0", {"name": "east", "leaves": 1, "hosts_per_leaf": 1}), "datacenters[0].spines", "is required"),
+    (with_("datacenters.0", {"name": "east", "spines": 1, "leaves": 1, "hosts_per_leaf": 0}),
+     "datacenters[0].hosts_per_leaf", "at least 1"),
+    (with_("datacenters.0", {"name": "east", "spines": 1, "leaves": 1, "hosts_per_leaf": 300}),
+     "datacenters[0].hosts_per_leaf", "do not fit"),
+    (with_("datacenters.0", {"name": "east", "spines": 1, "leaves": 1, "hosts_per_leaf": 1, "borders": 0}),
+     "datacenters[0].borders", "at least 1 border"),
+    (with_("datacenters.0", {"name": "east", "spines": 1, "leaves": 200, "hosts_per_leaf": 1},
+           with_("addressing", {"hosts": "198.18.0.0/24", "host_prefix": 28})),
+     "addressing.hosts", "leaf subnets"),
+    (with_("addressing.links", "198.19.0.0/31", with_("datacenters.0", {"name": "east", "spines": 2, "leaves": 2, "hosts_per_leaf": 1})),
+     "addressing.links", "point-to-point"),
+    (with_("addressing.hosts", "198.18.0.1/16"), "addressing.hosts", "not an IPv4 prefix"),
+    (with_("addressing.links", "198.18.0.0/24"), "addressing.links", "overlaps"),
+    (with_("ecmp.hash", "random"), "ecmp.hash", "must be one of"),
+    (with_("ecn.kmax", "1KB"), "ecn.kmax", "must not be below"),
+    (with_("pfc.xon", "2MB"), "pfc.xon", "must not exceed"),
+    (with_("pfc.enabled", "yes please"), "pfc.enabled", "true or false"),
+    (with_("pfc.watchdog", {"action": "panic"}), "pfc.watchdog.action", "must be one of"),
+    (with_("nic.transport", "tcp"), "nic.transport", "must be one of"),
+    (with_("nic.qps_per_pair", 0), "nic.qps_per_pair", "at least 1"),
+]
+
+
+@pytest.mark.parametrize("doc,path,words", ERRORS, ids=[f"{e[1]}:{e[2]}" for e in ERRORS])
+def test_every_error_names_file_path_and_problem(doc, path, words):
+    with pytest.raises(SpecError) as info:
+        load(doc, file="topologies/bad.yaml")
+    err = info.value
+    assert err.file == "topologies/bad.yaml"
+    assert err.path == path
+    assert words in err.message
+    assert str(err).startswith(f"topologies/bad.yaml: {path}: ")
+
+
+def test_one_dc_with_a_wan_is_refused():
+    doc = with_("datacenters", [MINIMAL["datacenters"][0]])
+    with pytest.raises(SpecError, match="wan: long-haul paths join two datacenters"):
+        load(doc)
+
+
+def test_invalid_yaml_names_the_line():
+    with pytest.raises(SpecError, match=r"bad.yaml: not valid YAML: line 3"):
+        spec.parse("version: 1\ndatacenters: [\n", "bad.yaml")
+
+
+def test_top_level_must_be_a_mapping():
+    with pytest.raises(SpecError, match=r"\(top level\): must be a mapping"):
+        spec.parse("- 1\n- 2\n", "list.yaml")
+
+
+def test_missing_file_is_a_spec_error(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(SpecError, match="nope.yaml: cannot read"):
+        spec.load(missing)
+
+
+def test_spec_is_frozen():
+    s = load(MINIMAL)
+    with pytest.raises(AttributeError):
+        s.scale = 1.0
