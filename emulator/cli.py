@@ -200,10 +200,10 @@ def exec_(name: str, node: str, command: tuple[str, ...]) -> None:
 def down(name: str) -> None:
     """Tear a fabric down: every namespace, link, qdisc and process it made."""
     need_root("down")
-    reply = client.request(name, {"op": "down"})
     rec = state.read_record(name)
+    reply = client.request(name, {"op": "down"})
     if rec is not None:
-        client.stop_controller(rec.pid)
+        client.wait_controller_exit(name, rec)
     left = clean_mod.leftovers(name)
     if left["namespaces"] or left["processes"] or left["root_links"]:
         raise errors.FabricError(f"fabric {name!r} left {left} after down; backplane clean --name {name}")

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from . import state
@@ -99,6 +100,16 @@ def spawn(name: str, topology: str, wan_delay: bool, timeout: float = 600) -> di
         proc.wait(timeout=timeout)
         _raise_reply(reply)
     return reply
+
+
+def wait_controller_exit(name: str, rec: state.ControllerRecord, timeout: float = 30) -> None:
+    """After ``down`` answered: let the controller finish on its own, kill it only if it hangs."""
+    deadline = time.monotonic() + timeout
+    while rec.alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if rec.alive():
+        stop_controller(rec.pid)
+    state.remove(name)
 
 
 def stop_controller(pid: int, timeout: float = 30) -> None:

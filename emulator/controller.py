@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         return 1
     finally:
+        # The teardown runs to the end: a second signal must not leave half a fabric behind.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         if listener is not None:
             listener.close()
         if fabric is not None:

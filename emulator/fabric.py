@@ -82,6 +82,14 @@ class RouterNode(FabricNode):
     )
 
     def configure(self, plan: FabricPlan) -> None:
+        for port in plan.ports(self.plan_node.name):
+            if port.address is not None and port.address.network.prefixlen == 32:
+                # A leaf's host ports are unnumbered (/32 gateway, /32 route per host): answer
+                # ARP for the host's neighbours in its /24 so that they too go through the leaf.
+                key = f"net.ipv4.conf.{port.ifname}.proxy_arp"
+                netns.write_sysctl(self.name, key, "1")
+                if netns.read_sysctl(self.name, key) != "1":
+                    raise FabricError(f"{self.name}: {key} did not take")
         install_routes(self, plan.routes[self.plan_node.name])
 
 

@@ -1,0 +1,52 @@
+"""Root tier: whole fabrics in namespaces. Every fabric a test makes is cleaned afterwards."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from emulator import clean as clean_mod
+
+REPO = Path(__file__).resolve().parents[2]
+TOPOLOGIES = REPO / "topologies"
+
+if os.geteuid() != 0:
+    pytest.skip("the root tier builds network namespaces: run as root (sudo make test)", allow_module_level=True)
+
+
+def bp(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the backplane CLI as a user would."""
+    done = subprocess.run([sys.executable, "-m", "emulator.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+    if check and done.returncode != 0:
+        raise AssertionError(f"backplane {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def bp_json(*args: str):
+    return json.loads(bp(*args, "--json").stdout)
+
+
+def nothing_left(name: str) -> dict:
+    left = clean_mod.leftovers(name)
+    return {k: v for k, v in left.items() if v}
+
+
+@pytest.fixture
+def fabrics():
+    """Factory: fabrics(name, topology, *flags) brings one up; all are cleaned at the end."""
+    made: list[str] = []
+
+    def up(name: str, topology: str = "tiny", *flags: str) -> str:
+        made.append(name)
+        bp("up", str(TOPOLOGIES / f"{topology}.yaml"), "--name", name, *flags)
+        return name
+
+    yield up
+    for name in made:
+        bp("clean", "--name", name, check=False)
+        assert not nothing_left(name), f"fabric {name} left {nothing_left(name)}"
