@@ -21,6 +21,7 @@ from .describe import NO_DELAY_WARNING
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TOPOLOGY = REPO / "topologies" / "cross-dc.yaml"
+STEAL_WARNING = 0.02
 
 
 def _fail(e: errors.BackplaneError) -> None:
@@ -264,6 +265,9 @@ def measure_link(name: str, src: str, dst: str, path_index: int | None, seconds:
     click.echo(f"{src} -> {dst} ({peer.address.ip}): {units.format_rate(result.wire_bps)} on the wire of "
                f"{units.format_rate(result.configured_bps)} configured ({result.ratio:.3f}), "
                f"{result.packets} packets in {seconds:g} s")
+    if result.cpu_steal > STEAL_WARNING:
+        click.echo(f"WARNING: the hypervisor stole {result.cpu_steal:.0%} of this machine's CPU during the "
+                   "measurement; shapers stall with it, so this figure understates the link")
 
 
 def find_link(fabric_plan: plan_mod.FabricPlan, src: str, dst: str, path_index: int | None):

@@ -49,6 +49,29 @@ def rtt(plan: FabricPlan, src: str, dst: str, count: int = 5, interval: float = 
     return Rtt(src, dst, address, int(summary.group(1)), int(summary.group(2)), mn, avg, mx, mdev)
 
 
+def _cpu_times() -> list[int]:
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+class CpuWatch:
+    """Share of CPU time the hypervisor stole (``steal`` in /proc/stat) while a measurement ran.
+
+    A stolen vCPU stalls shapers' timers and the instrument alike: the link truly delivers less
+    during that time. The figure is reported next to the rate so nobody mistakes it for the
+    link's fault, and so tests can tell a noisy machine from a wrong shaper.
+    """
+
+    def __init__(self) -> None:
+        self.start = _cpu_times()
+
+    def steal(self) -> float:
+        end = _cpu_times()
+        delta = [b - a for a, b in zip(self.start, end)]
+        total = sum(delta[:8]) or 1
+        return delta[7] / total if len(delta) > 7 else 0.0
+
+
 @dataclass(frozen=True)
 class Rate:
     src: str
@@ -58,6 +81,7 @@ class Rate:
     wire_bps: float
     payload_bps: float
     packets: int
+    cpu_steal: float  # share of CPU stolen by the hypervisor during the measurement
 
     @property
     def ratio(self) -> float:
@@ -73,6 +97,7 @@ def link_rate(plan: FabricPlan, src: str, dst: str, dst_address: str, configured
               seconds: float = 1.0, warmup: float = 0.3, size: int = 4000, port: int = 47001) -> Rate:
     """Blast UDP from node ``src`` to ``dst_address`` (on node ``dst``) and count what arrives."""
     py = [sys.executable, "-m", "emulator.blast"]
+    watch = None
     recv = netns.popen(plan.netns(dst), py + ["recv", "--bind", dst_address, "--port", str(port),
                                               "--warmup", str(warmup), "--seconds", str(seconds)],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -80,6 +105,7 @@ def link_rate(plan: FabricPlan, src: str, dst: str, dst_address: str, configured
         line = recv.stdout.readline().strip()
         if line != "ready":
             raise MeasurementError(f"receiver on {dst} did not start: {line or recv.stderr.read().strip()}")
+        watch = CpuWatch()
         send = netns.run(plan.netns(src), py + ["send", "--dst", dst_address, "--port", str(port),
                                                 "--size", str(size), "--seconds", str(warmup + seconds + 0.5)],
                          timeout=warmup + seconds + 30)
@@ -93,4 +119,5 @@ def link_rate(plan: FabricPlan, src: str, dst: str, dst_address: str, configured
     result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": err.strip()}
     if "error" in result:
         raise MeasurementError(f"rate {src} -> {dst}: {result['error']}")
-    return Rate(src, dst, dst_address, configured_bps, result["wire_bps"], result["payload_bps"], result["packets"])
+    return Rate(src, dst, dst_address, configured_bps, result["wire_bps"], result["payload_bps"], result["packets"],
+                watch.steal() if watch else 0.0)

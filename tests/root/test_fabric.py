@@ -44,12 +44,14 @@ def shaped_directions(p: plan.FabricPlan):
     return out
 
 
-def measure_every_link(p: plan.FabricPlan, tries: int = 3) -> list[str]:
+def measure_every_link(p: plan.FabricPlan, tries: int = 5) -> list[str]:
     """Links whose measured rate is off by more than 5%.
 
-    A shaper can only be undershot by the instrument (a Python sender descheduled on a busy
-    2-core machine leaves the port idle), never overshot: a low reading is measured again, up to
-    ``tries`` times; a high one fails at once.
+    On a shared machine the hypervisor steals CPU from time to time (seen here: 10% steal in a
+    window costs 10% of the rate), and a stalled vCPU stalls the shaper's timers with it: the
+    link then really delivers less, through no fault of its configuration. So a low reading is
+    measured again, up to ``tries`` times; a high one fails at once, and a shaper configured
+    wrong by more than 5% can never pass.
     """
     bad = []
     for src, dst, path in shaped_directions(p):
@@ -57,10 +59,10 @@ def measure_every_link(p: plan.FabricPlan, tries: int = 3) -> list[str]:
         readings = []
         for _ in range(tries):
             r = bp_json(*args)
-            readings.append(r["ratio"])
+            readings.append((round(r["ratio"], 3), f"steal {r['cpu_steal']:.0%}"))
             if r["ratio"] > 1 - RATE_TOLERANCE:
                 break
-        if not 1 - RATE_TOLERANCE <= readings[-1] <= 1 + RATE_TOLERANCE:
+        if not 1 - RATE_TOLERANCE <= r["ratio"] <= 1 + RATE_TOLERANCE:
             bad.append(f"{src}->{dst} path {path}: ratios {readings} of {r['configured_bps'] / 1e6:.1f} Mbps")
     return bad
 
