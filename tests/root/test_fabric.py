@@ -44,26 +44,41 @@ def shaped_directions(p: plan.FabricPlan):
     return out
 
 
-def measure_every_link(p: plan.FabricPlan, tries: int = 5) -> list[str]:
+QUIET_STEAL = 0.03  # a reading taken while the hypervisor stole less than this is evidence
+
+
+def measure_every_link(p: plan.FabricPlan, tries: int = 8) -> list[str]:
     """Links whose measured rate is off by more than 5%.
 
-    On a shared machine the hypervisor steals CPU from time to time (seen here: 10% steal in a
-    window costs 10% of the rate), and a stalled vCPU stalls the shaper's timers with it: the
-    link then really delivers less, through no fault of its configuration. So a low reading is
-    measured again, up to ``tries`` times; a high one fails at once, and a shaper configured
-    wrong by more than 5% can never pass.
+    On this shared machine the hypervisor steals CPU now and then (seen: 18-26% for tens of
+    seconds), and a stalled vCPU stalls the shaper's timers with it: the link then really
+    delivers less (about 1.5x the stolen share), through no fault of its configuration. Each
+    reading carries the steal measured during it. A reading above the rate fails at once; a low
+    reading taken on a quiet machine counts against the link (two of them fail it); a low reading
+    under steal is taken again, up to ``tries`` times, and a link never measured on a quiet
+    machine fails too, saying so.
     """
     bad = []
     for src, dst, path in shaped_directions(p):
         args = ["measure", "link", "--name", p.name, src, dst] + (["--path", str(path)] if path is not None else [])
-        readings = []
+        readings, quiet_low, verdict = [], 0, None
         for _ in range(tries):
             r = bp_json(*args)
             readings.append((round(r["ratio"], 3), f"steal {r['cpu_steal']:.0%}"))
-            if r["ratio"] > 1 - RATE_TOLERANCE:
+            if r["ratio"] > 1 + RATE_TOLERANCE:
+                verdict = "above the configured rate"
                 break
-        if not 1 - RATE_TOLERANCE <= r["ratio"] <= 1 + RATE_TOLERANCE:
-            bad.append(f"{src}->{dst} path {path}: ratios {readings} of {r['configured_bps'] / 1e6:.1f} Mbps")
+            if r["ratio"] >= 1 - RATE_TOLERANCE:
+                break
+            if r["cpu_steal"] < QUIET_STEAL:
+                quiet_low += 1
+                if quiet_low == 2:
+                    verdict = "below the configured rate on a quiet machine"
+                    break
+        else:
+            verdict = "never measured within 5% (the hypervisor stole CPU throughout)"
+        if verdict:
+            bad.append(f"{src}->{dst} path {path}: {verdict}: {readings} of {r['configured_bps'] / 1e6:.1f} Mbps")
     return bad
 
 
