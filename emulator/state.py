@@ -38,6 +38,15 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
+def _zombie(pid: int) -> bool:
+    """An exited process not yet reaped by its parent (the controller's is init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
 @dataclass(frozen=True)
 class ControllerRecord:
     pid: int
@@ -46,7 +55,7 @@ class ControllerRecord:
     wan_delay: bool
 
     def alive(self) -> bool:
-        return process_start_time(self.pid) == self.start_time
+        return process_start_time(self.pid) == self.start_time and not _zombie(self.pid)
 
 
 def write_record(name: str, topology: str, wan_delay: bool) -> ControllerRecord:
