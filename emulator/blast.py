@@ -58,6 +58,30 @@ def receive(bind: str, port: int, warmup: float, seconds: float, first_timeout: 
     }
 
 
+def count(bind: str, port: int, expect: int, idle: float, first_timeout: float) -> dict:
+    """Count every packet until ``expect`` arrived or none came for ``idle`` seconds."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    sock.bind((bind, port))
+    print("ready", flush=True)
+    buf = bytearray(65536)
+    sock.settimeout(first_timeout)
+    packets = 0
+    try:
+        sock.recv_into(buf)
+    except socket.timeout:
+        return {"error": f"no packet within {first_timeout} s"}
+    packets = 1
+    sock.settimeout(idle)
+    while packets < expect:
+        try:
+            sock.recv_into(buf)
+        except socket.timeout:
+            break
+        packets += 1
+    return {"packets": packets}
+
+
 def _realtime() -> bool:
     """Run at real-time priority: with a queue of a few frames, a sender descheduled for a
     millisecond by an ordinary process would leave the port idle and under-measure it. The
@@ -86,6 +110,25 @@ def send(dst: str, port: int, size: int, seconds: float) -> dict:
     return {"sent_packets": sent, "realtime": realtime}
 
 
+def send_count(dst: str, port: int, size: int, total: int, pps: float) -> dict:
+    """Send exactly ``total`` packets at ``pps`` per second (a paced trickle, not a blast)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    payload = bytes(size)
+    start = time.monotonic()
+    sent = failed = 0
+    for i in range(total):
+        due = start + i / pps
+        wait = due - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        try:
+            sock.sendto(payload, (dst, port))
+            sent += 1
+        except OSError:
+            failed += 1  # never reached the wire: not the path's loss, so not counted as sent
+    return {"sent_packets": sent, "send_errors": failed, "seconds": time.monotonic() - start}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m emulator.blast")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -95,14 +138,22 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--warmup", type=float, default=0.3)
     r.add_argument("--seconds", type=float, default=1.0)
     r.add_argument("--first-timeout", type=float, default=5.0)
+    r.add_argument("--count", type=int, default=0, help="Count every packet until this many arrived ...")
+    r.add_argument("--idle", type=float, default=2.0, help="... or none came for this long.")
     s = sub.add_parser("send")
     s.add_argument("--dst", required=True)
     s.add_argument("--port", type=int, default=47001)
     s.add_argument("--size", type=int, default=4000)
     s.add_argument("--seconds", type=float, default=1.5)
+    s.add_argument("--count", type=int, default=0, help="Send exactly this many packets ...")
+    s.add_argument("--pps", type=float, default=1000.0, help="... at this many per second.")
     a = ap.parse_args(argv)
-    if a.cmd == "recv":
+    if a.cmd == "recv" and a.count:
+        out = count(a.bind, a.port, a.count, a.idle, a.first_timeout)
+    elif a.cmd == "recv":
         out = receive(a.bind, a.port, a.warmup, a.seconds, a.first_timeout)
+    elif a.count:
+        out = send_count(a.dst, a.port, a.size, a.count, a.pps)
     else:
         out = send(a.dst, a.port, a.size, a.seconds)
     print(json.dumps(out), flush=True)

@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field
 from pyroute2 import IPRoute
 
 from . import netns, state
-from .fabric import remove_fabric_namespaces
 from .plan import PROJECT_PREFIX, prefix_of
 
 _FABRIC_NS = re.compile(r"^" + re.escape(PROJECT_PREFIX) + r"([a-z0-9]{1,12})-")
@@ -64,6 +63,7 @@ def _clean_one(name: str) -> CleanReport:
         netns.kill_pids([rec.pid], timeout=20)
         report.controller = "stopped" if state.process_start_time(rec.pid) is None else "killed"
     report.processes = len(netns.pids_in(netns.names(prefix)))
+    from .fabric import remove_fabric_namespaces  # Mininet: only when cleaning
     report.namespaces = remove_fabric_namespaces(prefix)
     with IPRoute() as ipr:
         for link in ipr.get_links():

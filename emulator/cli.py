@@ -17,6 +17,7 @@ import click
 from . import capabilities, client, errors, spec, state, units
 from . import clean as clean_mod
 from . import netns
+from . import vm as vm_mod
 from . import plan as plan_mod
 from .describe import NO_DELAY_WARNING
 
@@ -93,7 +94,8 @@ def up(topology: str | None, name: str, no_wan_delay: bool, as_json: bool) -> No
         raise errors.CapabilityError(
             "this kernel has no sch_netem, so the 3,000 km long-haul delay cannot be emulated here; "
             "backplane refuses to build a fabric whose WAN would silently be 0 ms long",
-            "run in a VM with a stock kernel, or bring it up without the delay (reported on every "
+            "run it in the delay tier's VM, whose stock kernel has netem (backplane vm run -- CMD, "
+            "or sudo make demo), or bring it up without the delay (reported on every "
             f"line that shows a long-haul path): backplane up {topology or ''} --no-wan-delay".replace("  ", " "),
         )
     reply = client.spawn(name, path, wan_delay=not no_wan_delay)
@@ -260,36 +262,79 @@ def measure_link(name: str, src: str, dst: str, path_index: int | None, seconds:
     from . import measure as measure_mod
 
     fabric_plan = _running_plan(name)
-    port, peer = find_link(fabric_plan, src, dst, path_index)
-    result = measure_mod.link_rate(fabric_plan, src, dst, str(peer.address.ip), port.egress.rate_bps, seconds=seconds)
+    port, peer, fiber = find_link(fabric_plan, src, dst, path_index)
+    result = measure_mod.link_rate(fabric_plan, src, dst, str(peer.address.ip), port.egress.rate_bps, seconds=seconds,
+                                   delay_port=fiber if fiber is not None and _has_delay_lines(name) else None)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return
     click.echo(f"{src} -> {dst} ({peer.address.ip}): {units.format_rate(result.wire_bps)} on the wire of "
                f"{units.format_rate(result.configured_bps)} configured ({result.ratio:.3f}), "
                f"{result.packets} packets in {seconds:g} s")
+    if result.delay_line_drops is not None:
+        click.echo(f"the path's delay line (netem on {fiber.node}) dropped {result.delay_line_drops} packets")
     if result.cpu_steal > STEAL_WARNING:
         click.echo(f"WARNING: the hypervisor stole {result.cpu_steal:.0%} of this machine's CPU during the "
                    "measurement; shapers stall with it, so this figure understates the link")
 
 
+def _has_delay_lines(name: str) -> bool:
+    rec = state.read_record(name)
+    return rec is not None and rec.wan_delay
+
+
 def find_link(fabric_plan: plan_mod.FabricPlan, src: str, dst: str, path_index: int | None):
-    """The egress port of ``src`` towards ``dst`` and the port that receives on ``dst``."""
+    """The egress port of ``src`` towards ``dst``, the port that receives on ``dst`` and, for two
+    borders joined through a fiber, the fiber's delay-line port towards ``dst`` (else None)."""
     for link in fabric_plan.links:
         for a, b in ((link.a, link.b), (link.b, link.a)):
             if a.node == src and b.node == dst:
-                return a, b
+                return a, b, None
     # Two borders are neighbours through a fiber: the border's own port is the shaped one.
-    for link in fabric_plan.links:
-        if link.kind == "wan" and link.a.node == src and (path_index is None or link.path == path_index):
-            for other in fabric_plan.links:
-                if other.kind == "wan" and other.path == link.path and other.b.node == dst:
-                    return link.a, other.b
-        if link.kind == "wan" and link.b.node == src and (path_index is None or link.path == path_index):
-            for other in fabric_plan.links:
-                if other.kind == "wan" and other.path == link.path and other.a.node == dst:
-                    return link.b, other.a
+    wan = [link for link in fabric_plan.links if link.kind == "wan"]
+    for link in wan:
+        for mine, fiber_in in ((link.a, link.b), (link.b, link.a)):
+            if mine.node != src or (path_index is not None and link.path != path_index):
+                continue
+            for other in wan:
+                if other is link or other.path != link.path:
+                    continue
+                for fiber_out, theirs in ((other.a, other.b), (other.b, other.a)):
+                    if theirs.node == dst and fiber_out.node == fiber_in.node:
+                        return mine, theirs, fiber_out
     raise errors.BackplaneError(f"{src} and {dst} are not neighbours in fabric {fabric_plan.name!r}")
+
+
+@measure.command(name="loss")
+@name_option
+@click.argument("src")
+@click.argument("dst")
+@click.option("--path", "path_index", type=int, required=True, help="Long-haul path between the two borders.")
+@click.option("--count", type=int, default=5000, show_default=True, help="Packets to send.")
+@click.option("--pps", type=float, default=1000.0, show_default=True, help="Packets per second.")
+@click.option("--json", "as_json", is_flag=True)
+@core
+def measure_loss(name: str, src: str, dst: str, path_index: int, count: int, pps: float, as_json: bool) -> None:
+    """Send COUNT packets from border SRC to border DST over one long-haul path; report the loss."""
+    need_root("measure loss")
+    from . import measure as measure_mod
+
+    fabric_plan = _running_plan(name)
+    port, peer, fiber = find_link(fabric_plan, src, dst, path_index)
+    if fiber is None:
+        raise errors.BackplaneError(f"{src} and {dst} are not joined by long-haul path {path_index}")
+    if not _has_delay_lines(name):
+        raise errors.CapabilityError(f"fabric {name!r} runs without its delay lines (--no-wan-delay), so its "
+                                     "long-haul paths have no netem and no configured loss",
+                                     "bring it up with the delay, on a kernel with sch_netem (backplane vm run)")
+    result = measure_mod.path_loss(fabric_plan, src, dst, str(peer.address.ip), fiber, fiber.egress.loss,
+                                   count=count, pps=pps)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    click.echo(f"{src} -> {dst} over path {path_index}: {result.received} of {result.sent} packets arrived, "
+               f"loss {result.observed:.4f} observed vs {result.configured:.4f} configured; "
+               f"the path's netem dropped {result.delay_line_drops}")
 
 
 @main.command(name="list")
@@ -301,6 +346,71 @@ def list_() -> None:
         live = "up" if rec is not None and rec.alive() else "NOT RUNNING (backplane clean)"
         count = len(netns.names(plan_mod.prefix_of(name)))
         click.echo(f"{name:<12} {live:<30} {count} namespaces")
+
+
+@main.group()
+def vm() -> None:
+    """The delay tier: a VM with a stock kernel (sch_netem) that runs commands on this checkout."""
+
+
+def _vm_config(accel: str | None = None, memory: int | None = None) -> "vm_mod.VmConfig":
+    return vm_mod.VmConfig.from_env(accel=accel, memory_mb=memory)
+
+
+def _progress(line: str) -> None:
+    click.echo(line, err=True)
+
+
+@vm.command(name="build")
+@click.option("--force", is_flag=True, help="Build again even if the cached root matches.")
+@core
+def vm_build(force: bool) -> None:
+    """Build (or find in the cache) the guest root and its boot files."""
+    need_root("vm build")
+    start = time.monotonic()
+    guest = vm_mod.build(_vm_config(), _progress, force=force)
+    click.echo(f"guest root {guest.root} (kernel {guest.kernel_release}) ready in "
+               f"{time.monotonic() - start:.1f} s")
+
+
+@vm.command(name="run", context_settings={"ignore_unknown_options": True})
+@click.option("--timeout", "timeout_s", type=float, default=3000.0, show_default=True,
+              help="Stop the VM after this many seconds.")
+@click.option("--accel", type=click.Choice(["auto", "kvm", "tcg"]), default=None,
+              help="auto: KVM when /dev/kvm really boots the guest, else TCG. [env BACKPLANE_VM_ACCEL]")
+@click.option("--memory", type=int, default=None, help="Guest memory in MiB. [env BACKPLANE_VM_MEMORY]")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@core
+def vm_run(timeout_s: float, accel: str | None, memory: int | None, command: tuple[str, ...]) -> None:
+    """Run COMMAND in the checkout inside the VM; its output streams here, its exit code is ours."""
+    need_root("vm run")
+    config = _vm_config(accel, memory)
+    guest = vm_mod.build(config, _progress)
+    result = vm_mod.run(config, guest, list(command), lambda line: click.echo(line), timeout_s)
+    click.echo(f"[vm] {result.accel}: guest command started {result.boot_s:.1f} s after QEMU, "
+               f"VM ran {result.total_s:.1f} s, exit {result.exit_code}", err=True)
+    sys.exit(result.exit_code)
+
+
+@vm.command(name="info")
+@click.option("--json", "as_json", is_flag=True)
+@core
+def vm_info(as_json: bool) -> None:
+    """Where the guest root is cached, whether it is built, and which accelerator would be used."""
+    config = _vm_config()
+    root = vm_mod.root_path(config)
+    info = {"cache_dir": str(config.cache_dir), "root": str(root),
+            "built": (root / "opt/backplane/kernel-release").is_file(),
+            "mirror": config.mirror or vm_mod.host_mirror() or vm_mod.DEFAULT_MIRROR}
+    if info["built"] and os.geteuid() == 0:
+        guest = vm_mod.build(config, _progress)
+        info["kernel_release"] = guest.kernel_release
+        info["accel"] = vm_mod.choose_accel(config, guest, _progress)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+    else:
+        for k, v in info.items():
+            click.echo(f"{k:<15} {v}")
 
 
 if __name__ == "__main__":

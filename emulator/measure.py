@@ -11,12 +11,13 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
-from . import netns
+from contextlib import closing
+
+from . import netns, queues
 from .errors import MeasurementError
-from .plan import FabricPlan
+from .plan import FabricPlan, Port
 
 _PING_SUMMARY = re.compile(r"(\d+) packets transmitted, (\d+) received")
-_PING_RTT = re.compile(r"= ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) ms")
 
 
 @dataclass(frozen=True)
@@ -35,18 +36,25 @@ class Rtt:
         return asdict(self)
 
 
+_PING_REPLY = re.compile(r"icmp_seq=(\d+) .*time=([\d.]+) ms")
+
+
 def rtt(plan: FabricPlan, src: str, dst: str, count: int = 5, interval: float = 0.2) -> Rtt:
-    """Ping from node ``src`` to host ``dst``'s address."""
+    """Ping from node ``src`` to host ``dst``'s address: ``count`` replies after one warm-up.
+
+    The warm-up's reply is left out: its packet resolves the neighbours of every hop on the way
+    (across a 15 ms fiber that alone costs a round trip), which is set-up, not the path's RTT."""
     address = str(plan.host_address(dst))
-    timeout = count * interval + 5
-    done = netns.run(plan.netns(src), ["ping", "-n", "-q", "-c", str(count), "-i", str(interval),
+    timeout = (count + 1) * interval + 5
+    done = netns.run(plan.netns(src), ["ping", "-n", "-c", str(count + 1), "-i", str(interval),
                                        "-W", "2", address], timeout=timeout + 5)
     summary = _PING_SUMMARY.search(done.stdout)
-    times = _PING_RTT.search(done.stdout)
+    times = [float(t) / 1e3 for seq, t in _PING_REPLY.findall(done.stdout) if int(seq) > 1]
     if not summary or not times:
         raise MeasurementError(f"ping {src} -> {dst} ({address}) got no reply: {done.stdout.strip() or done.stderr.strip()}")
-    mn, avg, mx, mdev = (float(x) / 1e3 for x in times.groups())
-    return Rtt(src, dst, address, int(summary.group(1)), int(summary.group(2)), mn, avg, mx, mdev)
+    avg = sum(times) / len(times)
+    mdev = (sum((t - avg) ** 2 for t in times) / len(times)) ** 0.5
+    return Rtt(src, dst, address, int(summary.group(1)) - 1, len(times), min(times), avg, max(times), mdev)
 
 
 def _cpu_times() -> list[int]:
@@ -82,6 +90,7 @@ class Rate:
     payload_bps: float
     packets: int
     cpu_steal: float  # share of CPU stolen by the hypervisor during the measurement
+    delay_line_drops: int | None = None  # packets the path's netem dropped meanwhile (None: no path)
 
     @property
     def ratio(self) -> float:
@@ -93,11 +102,23 @@ class Rate:
         return d
 
 
+def qdisc_counters(plan: FabricPlan, port: Port) -> dict:
+    """The kernel's counters of the root qdisc on ``port``'s egress."""
+    with closing(netns.iproute(plan.netns(port.node))) as ipr:
+        found = ipr.link_lookup(ifname=port.ifname)
+        if not found:
+            raise MeasurementError(f"{port.node} has no interface {port.ifname}")
+        return queues.counters(ipr, found[0])
+
+
 def link_rate(plan: FabricPlan, src: str, dst: str, dst_address: str, configured_bps: int,
-              seconds: float = 1.0, warmup: float = 0.3, size: int = 4000, port: int = 47001) -> Rate:
-    """Blast UDP from node ``src`` to ``dst_address`` (on node ``dst``) and count what arrives."""
+              seconds: float = 1.0, warmup: float = 0.3, size: int = 4000, port: int = 47001,
+              delay_port: Port | None = None) -> Rate:
+    """Blast UDP from node ``src`` to ``dst_address`` (on node ``dst``) and count what arrives.
+    With ``delay_port`` (the fiber's egress on a long-haul path) also count netem's drops."""
     py = [sys.executable, "-m", "emulator.blast"]
     watch = None
+    before = qdisc_counters(plan, delay_port) if delay_port else None
     recv = netns.popen(plan.netns(dst), py + ["recv", "--bind", dst_address, "--port", str(port),
                                               "--warmup", str(warmup), "--seconds", str(seconds)],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -119,5 +140,57 @@ def link_rate(plan: FabricPlan, src: str, dst: str, dst_address: str, configured
     result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": err.strip()}
     if "error" in result:
         raise MeasurementError(f"rate {src} -> {dst}: {result['error']}")
+    drops = qdisc_counters(plan, delay_port)["drops"] - before["drops"] if delay_port and before else None
     return Rate(src, dst, dst_address, configured_bps, result["wire_bps"], result["payload_bps"], result["packets"],
-                watch.steal() if watch else 0.0)
+                watch.steal() if watch else 0.0, drops)
+
+
+@dataclass(frozen=True)
+class Loss:
+    src: str
+    dst: str
+    dst_address: str
+    configured: float  # the path's configured per-packet loss probability
+    sent: int
+    received: int
+    delay_line_drops: int  # what the path's netem counted as dropped meanwhile
+
+    @property
+    def observed(self) -> float:
+        return 1 - self.received / self.sent
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["observed"] = self.observed
+        return d
+
+
+def path_loss(plan: FabricPlan, src: str, dst: str, dst_address: str, delay_port: Port, configured: float,
+              count: int = 5000, pps: float = 1000.0, size: int = 1000, port: int = 47002) -> Loss:
+    """Send exactly ``count`` packets over one long-haul path, paced well below its rate, and count
+    what arrives: the path's loss as a receiver sees it, next to netem's own drop counter."""
+    py = [sys.executable, "-m", "emulator.blast"]
+    before = qdisc_counters(plan, delay_port)
+    recv = netns.popen(plan.netns(dst), py + ["recv", "--bind", dst_address, "--port", str(port),
+                                              "--count", str(count), "--idle", "2"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = recv.stdout.readline().strip()
+        if line != "ready":
+            raise MeasurementError(f"receiver on {dst} did not start: {line or recv.stderr.read().strip()}")
+        send = netns.run(plan.netns(src), py + ["send", "--dst", dst_address, "--port", str(port),
+                                                "--size", str(size), "--count", str(count), "--pps", str(pps)],
+                         timeout=count / pps * 3 + 60)
+        if send.returncode != 0:
+            raise MeasurementError(f"sender on {src} failed: {send.stderr.strip()}")
+        sent = json.loads(send.stdout.strip().splitlines()[-1])["sent_packets"]
+        out, err = recv.communicate(timeout=60)
+    finally:
+        if recv.poll() is None:
+            recv.kill()
+            recv.wait()
+    result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": err.strip()}
+    if "error" in result:
+        raise MeasurementError(f"loss {src} -> {dst}: {result['error']}")
+    drops = qdisc_counters(plan, delay_port)["drops"] - before["drops"]
+    return Loss(src, dst, dst_address, configured, sent, result["packets"], drops)

@@ -121,3 +121,13 @@ def _verify(got: dict, want: Shaping | DelayLine, where: str) -> None:
             raise fail("limit differs")
         if abs(got.get("loss", 0) - want.loss) > 1e-6:
             raise fail("loss differs")
+
+
+def counters(ipr: IPRoute, index: int) -> dict:
+    """The root qdisc's counters as the kernel keeps them (packets, bytes, drops, backlog)."""
+    root = next((q for q in ipr.get_qdiscs(index=index) if q["parent"] == 0xFFFFFFFF), None)
+    stats = root.get_attr("TCA_STATS") if root is not None else None
+    if stats is None:
+        raise FabricError(f"interface {index} has no root qdisc counters")
+    return {"packets": stats["packets"], "bytes": stats["bytes"], "drops": stats["drop"],
+            "backlog_bytes": stats["backlog"]}

@@ -8,6 +8,9 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 venv="${BACKPLANE_VENV:-$here/.venv}"
 headers_root="${BACKPLANE_HEADERS_DIR:-/var/lib/backplane}"
+# The kernel to provision headers for: the running one, unless set (the VM root is provisioned in a
+# chroot, where `uname -r` names the host's kernel, not the guest's).
+kernel="${BACKPLANE_KERNEL_RELEASE:-$(uname -r)}"
 
 log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -23,13 +26,13 @@ packages=(
   bpfcc-tools python3-bpfcc libbpfcc clang llvm python3 python3-venv python3-dev
   linux-headers-amd64
 )
-kernel_headers="linux-headers-$(uname -r)"
+kernel_headers="linux-headers-$kernel"
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
 have_exact_headers=0
-if [ -d "/lib/modules/$(uname -r)/build/include" ]; then
+if [ -d "/lib/modules/$kernel/build/include" ]; then
   have_exact_headers=1
 fi
 if [ ${#missing[@]} -gt 0 ] || [ "$have_exact_headers" -eq 0 ]; then
@@ -56,7 +59,7 @@ command -v mnexec >/dev/null || die "mnexec missing after installing the 'minine
 # custom kernel), merge the distribution's generic '-common' and arch header folders into one tree
 # and point bcc at it with BCC_KERNEL_SOURCE. backplane's programs use only UAPI structs, so
 # headers of a nearby version are enough.
-if [ ! -d "/lib/modules/$(uname -r)/build/include" ]; then
+if [ ! -d "/lib/modules/$kernel/build/include" ]; then
   common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n 1 || true)
   [ -n "$common" ] || die "no kernel headers: apt-get install linux-headers-amd64"
   arch_dir="${common%-common}-$(dpkg --print-architecture)"

@@ -41,9 +41,10 @@ def fabrics():
     """Factory: fabrics(name, topology, *flags) brings one up; all are cleaned at the end."""
     made: list[str] = []
 
-    def up(name: str, topology: str = "tiny", *flags: str) -> str:
+    def up(name: str, topology: str | Path = "tiny", *flags: str) -> str:
         made.append(name)
-        bp("up", str(TOPOLOGIES / f"{topology}.yaml"), "--name", name, *flags)
+        path = topology if isinstance(topology, Path) else TOPOLOGIES / f"{topology}.yaml"
+        bp("up", str(path), "--name", name, *flags)
         return name
 
     yield up
