@@ -24,7 +24,7 @@ test: test-host
 	     $(MAKE) --no-print-directory vm-test; fi
 
 test-host: setup
-	$(PYTEST) -ra tests
+	$(PYTEST) -ra tests/unit tests/root
 
 test-unit: setup
 	$(PYTEST) -ra tests/unit
@@ -34,6 +34,8 @@ test-root: setup
 
 # The delay tier in a VM with a stock kernel (QEMU; KVM where it boots, else software emulation).
 vm-test: vm-setup
+	$(VENV)/bin/backplane vm build
+	$(PYTEST) -ra tests/vm
 	$(VENV)/bin/backplane vm run -- make test-delay
 
 vm-build: vm-setup

@@ -74,6 +74,8 @@ class VmConfig:
         if env.get("BACKPLANE_VM_MIRROR"):
             values["mirror"] = env["BACKPLANE_VM_MIRROR"]
         if env.get("BACKPLANE_VM_MEMORY"):
+            if not env["BACKPLANE_VM_MEMORY"].isdigit():
+                raise VmError(f"BACKPLANE_VM_MEMORY must be MiB as a whole number, not {env['BACKPLANE_VM_MEMORY']!r}")
             values["memory_mb"] = int(env["BACKPLANE_VM_MEMORY"])
         if env.get("BACKPLANE_VM_ACCEL"):
             values["accel"] = env["BACKPLANE_VM_ACCEL"]
@@ -180,8 +182,12 @@ def build(config: VmConfig, sink: Sink, repo: Path = REPO, force: bool = False) 
 def _prune(cache: Path, keep: Path) -> None:
     """Roots of older recipes are dead weight (about a gigabyte each)."""
     for old in cache.glob("root-*"):
-        if old != keep and old.is_dir():
+        if old.name.split(".")[0] == keep.name:
+            continue
+        if old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
 
 
 def _stream(argv: list[str], sink: Sink, what: str) -> None:
@@ -344,7 +350,7 @@ def kvm_usable(config: VmConfig, guest: Guest, sink: Sink) -> bool:
         argv = _qemu_argv(config, guest, "kvm", log, run_dir=None, extra_append="backplane.probe=1")
         ok = False
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
         try:
             deadline = time.monotonic() + KVM_PROBE_TIMEOUT
             while proc.poll() is None and time.monotonic() < deadline:
@@ -397,6 +403,22 @@ def _qemu_argv(config: VmConfig, guest: Guest, accel: str, log: Path, run_dir: P
 _POWER_OFF = re.compile(r"^\[\s*\d+\.\d+\] (sysrq: Power Off|reboot: Power down)\s*$")
 
 
+def _die_with_parent() -> None:
+    """In QEMU's child before exec: the kernel kills it if the runner dies, even by SIGKILL."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _stale_runs(runs: Path) -> None:
+    """Run folders of runners that no longer exist (killed before they could tidy up)."""
+    for d in runs.glob("run-*-*"):
+        pid = d.name.split("-")[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def _stop(proc: subprocess.Popen) -> None:
     """QEMU stops at once on SIGTERM; SIGKILL if it does not."""
     if proc.poll() is None:
@@ -416,6 +438,7 @@ def run(config: VmConfig, guest: Guest, command: list[str], sink: Sink, timeout_
     accel = choose_accel(config, guest, sink)
     runs = config.cache_dir / "runs"
     runs.mkdir(parents=True, exist_ok=True)
+    _stale_runs(runs)
     run_dir = Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=runs))
     # The guest's tests may state how far a figure is off because the CPU is emulated.
     env = {"BACKPLANE_VM_ACCEL": accel, **(env or {})}
@@ -427,7 +450,7 @@ def run(config: VmConfig, guest: Guest, command: list[str], sink: Sink, timeout_
     start = time.monotonic()
     boot_s = float("nan")
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
     timed_out = False
     try:
         with open(log, "rb") as f:
