@@ -47,6 +47,9 @@ export VAGRANT_DEFAULT_PROVIDER=libvirt VAGRANT_CHECKPOINT_DISABLE=1
 export BACKPLANE_BOX="$box_name" BACKPLANE_LIBVIRT_DRIVER=qemu
 export BACKPLANE_BOX_KERNEL="$box.vmlinuz" BACKPLANE_BOX_INITRD="$box.initrd"
 in_ns() { ip netns exec "$ns" "$@"; }
+# vagrant-libvirt defines a storage pool named default when there is none: ours to remove then.
+pool_was_defined=0
+[ -e /etc/libvirt/storage/default.xml ] && pool_was_defined=1
 
 cleanup() {
   set +e
@@ -56,6 +59,10 @@ cleanup() {
     for vol in $(in_ns virsh -q -c qemu:///system vol-list default 2>/dev/null | awk '{print $1}'); do
       case "$vol" in "$box_name"*|backplane*) in_ns virsh -q -c qemu:///system vol-delete --pool default "$vol" >/dev/null ;; esac
     done
+    if [ "$pool_was_defined" -eq 0 ]; then
+      in_ns virsh -q -c qemu:///system pool-destroy default >/dev/null 2>&1
+      in_ns virsh -q -c qemu:///system pool-undefine default >/dev/null 2>&1
+    fi
     for net in vagrant-libvirt; do
       in_ns virsh -q -c qemu:///system net-destroy "$net" >/dev/null 2>&1
       in_ns virsh -q -c qemu:///system net-undefine "$net" >/dev/null 2>&1
