@@ -51,8 +51,8 @@ done
 
 say "measured rate of one long-haul path (border to border through fiber wan0)"
 if [ "$(systemd-detect-virt 2>/dev/null || true)" = qemu ]; then
-  echo "    (this CPU is emulated by QEMU, about 20x slower: the instrument cannot fill 400 Mbps here,"
-  echo "     so the figure below is the emulator's limit, not the link's; the VM's tests use a 20 Mbps path)"
+  echo "    (this CPU is emulated by QEMU, about 20x slower: a figure below 400 Mbps here is the"
+  echo "     emulator's limit, not the link's; the VM's tests fill a 20 Mbps path instead)"
 fi
 "$bp" measure link --name "$name" east-border0 west-border0 --path 0
 
