@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 NETEM_FIX = (
     "this kernel has no sch_netem, so the long-haul delay cannot run here. Load it if it is a "
     "module (modprobe sch_netem; on Ubuntu: apt-get install linux-modules-extra-$(uname -r)), "
-    "or run without the delay: backplane up --no-wan-delay"
+    "or run in the delay tier's VM, whose stock kernel has it (sudo make vm-test; "
+    "backplane vm run -- CMD), or run without the delay: backplane up --no-wan-delay"
 )
 
 
@@ -131,6 +132,9 @@ def doctor() -> list[Check]:
     checks.append(_tool("tcpdump", "tcpdump", "tcpdump"))
     checks.append(_tool("tshark", "tshark", "tshark"))
     checks.append(_tool("clang", "clang", "clang"))
+    # The delay tier's VM (needed only where the kernel has no sch_netem).
+    checks.append(_tool("qemu", "qemu-system-x86_64", "qemu-system-x86"))
+    checks.append(_tool("debootstrap", "debootstrap", "debootstrap"))
     if not root:
         checks.append(Check("namespaces", False, "needs root to try", "run with sudo"))
         return checks
