@@ -20,6 +20,12 @@ if not capabilities.has_netem():
                 "(sudo make vm-test)", allow_module_level=True)
 
 ONE_WAY_S = 3000 * 5e-6  # 3,000 km at 5 us/km
+# Under QEMU's software CPU (TCG) every packet that waits in a netem also pays for the timer
+# interrupt and softirqs that release it, about 20x slower than on hardware: measured 0.5-0.85 ms
+# per delay line, so a round trip through two 15 ms lines adds 31.0-31.7 ms instead of 30 (the
+# same fabric without netem, measured in the same run, is subtracted). On hardware or KVM that
+# cost is microseconds and the whole RTT keeps within 5%.
+EMULATED_NETEM_TOLERANCE = 0.08
 
 
 def variant(tmp_path: Path, base: str, **changes) -> Path:
@@ -59,13 +65,12 @@ def test_default_fabric_cross_dc_rtt_is_the_fibers_and_intra_dc_is_short(fabrics
     print(f"\ncross-DC RTT {cross['avg_s'] * 1e3:.3f} ms (min {cross['min_s'] * 1e3:.3f}), of which the "
           f"delay lines {added * 1e3:.3f} ms and the fabric's forwarding {base['cross-dc']['avg_s'] * 1e3:.3f} ms; "
           f"intra-DC RTT {intra['avg_s'] * 1e3:.3f} ms")
-    # Two fibers of 15 ms: 30 ms, never less, plus at most 5%.
+    # Two fibers of 15 ms: 30 ms, never less, plus at most 5% on hardware or KVM.
     assert 2 * ONE_WAY_S <= cross["min_s"], cross
-    assert 2 * ONE_WAY_S * 0.999 <= added <= 2 * ONE_WAY_S * 1.05, (cross, base["cross-dc"])
-    if not cpu_is_emulated():
-        # Under software emulation each of the 16 router traversals of a cross-DC round trip costs
-        # about 0.15 ms of emulated CPU, which the line above separates out; elsewhere it is
-        # microseconds and the whole RTT keeps within 5%.
+    emulated = cpu_is_emulated()
+    tolerance = EMULATED_NETEM_TOLERANCE if emulated else 0.05
+    assert 2 * ONE_WAY_S * 0.999 <= added <= 2 * ONE_WAY_S * (1 + tolerance), (cross, base["cross-dc"])
+    if not emulated:
         assert cross["avg_s"] <= 2 * ONE_WAY_S * 1.05, cross
     assert intra["avg_s"] < 0.002, intra
     # Every delay line holds the configured delay and room for 1.5x what is in flight on its
