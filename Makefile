@@ -24,7 +24,7 @@ test: test-host
 	     $(MAKE) --no-print-directory vm-test; fi
 
 test-host: setup
-	$(PYTEST) -ra tests/unit tests/root
+	$(PYTEST) -ra tests/unit tests/datapath tests/root
 
 test-unit: setup
 	$(PYTEST) -ra tests/unit

@@ -131,9 +131,13 @@ def _egress_text(e: dict) -> str:
     if (e.get("configured") or {}).get("kind") == "none":
         return f"NO DELAY LINE ({k.get('kind')}; --no-wan-delay)"
     if k.get("kind") in ("htb", "tbf"):
-        real = e.get("configured", {}).get("real_rate_bps")
-        return (f"{k['kind']} {units.format_rate(k['rate_bps'])} (real {units.format_rate(real)}), "
-                f"buffer {units.format_size(k.get('buffer_bytes', 0))}")
+        conf = e.get("configured", {})
+        limit = k.get("limit_bytes", 0)
+        buffer = (f"buffer {units.format_size(conf['buffer_bytes'])} (eBPF tail drop; qdisc limit "
+                  f"{units.format_size(limit)})" if conf.get("buffer_bytes") not in (None, limit)
+                  else f"buffer {units.format_size(limit)}")
+        return (f"{k['kind']} {units.format_rate(k['rate_bps'])} (real {units.format_rate(conf.get('real_rate_bps'))}), "
+                f"{buffer}")
     if k.get("kind") == "netem":
         return (f"netem {units.format_duration(k['delay_s'])} loss {k['loss']:.3g} "
                 f"corrupt {k['corruption']:.3g} limit {k['limit_packets']}p")
@@ -335,6 +339,89 @@ def measure_loss(name: str, src: str, dst: str, path_index: int, count: int, pps
     click.echo(f"{src} -> {dst} over path {path_index}: {result.received} of {result.sent} packets arrived, "
                f"loss {result.observed:.4f} observed vs {result.configured:.4f} configured; "
                f"the path's netem dropped {result.delay_line_drops}")
+
+
+@main.command()
+@name_option
+@click.option("--watch", "watch_s", type=float, default=None, metavar="SECONDS",
+              help="Print again every SECONDS, with rates over the interval, until Ctrl-C.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document (per interval with --watch).")
+@core
+def stats(name: str, watch_s: float | None, as_json: bool) -> None:
+    """Per-port datapath figures: forwarded, queue depth now and max, ECN marks, drops, fidelity."""
+    need_root("stats")
+    prev = None
+    while True:
+        body = client.request(name, {"op": "stats"})["stats"]
+        if as_json:
+            click.echo(json.dumps(body, indent=None if watch_s else 2), nl=True)
+        else:
+            for line in format_stats(body, prev):
+                click.echo(line)
+        if watch_s is None:
+            return
+        prev = body
+        try:
+            time.sleep(watch_s)  # the user's chosen reporting interval
+        except KeyboardInterrupt:
+            return
+
+
+def format_stats(body: dict, prev: dict | None = None) -> list[str]:
+    """Switch ports first, then the long-haul paths' shares, then the fidelity verdict."""
+    interval = body["at"] - prev["at"] if prev else None
+    before = {(p["node"], p["ifname"]): p for p in prev["ports"]} if prev else {}
+    lines = [f"fabric {body['name']!r}  datapath {body['datapath']}  hash {body['hash']}  scale {body['scale']:g}"]
+    if "counters" not in (body["ports"][0] if body["ports"] else {}):
+        lines.append("  (kernel datapath: no per-port eBPF counters; qdisc figures only)")
+    head = (f"  {'port':<20} {'rate':>9} {'tx pkts':>9} {'tx now':>10} {'depth':>8} {'max':>8} {'marks':>7} "
+            f"{'buf drop':>8} {'bad pkt':>7} {'qdisc drop':>10}")
+    lines.append(head)
+    paths = []
+    for p in body["ports"]:
+        if p["role"] not in ("leaf", "spine", "border"):
+            continue
+        c = p.get("counters") or {}
+        q = p.get("queue") or {}
+        qd = p.get("qdisc") or {}
+        tx_now = ""
+        old = before.get((p["node"], p["ifname"]))
+        if old and interval and c:
+            tx_now = units.format_rate((c["tx_bytes"] - old["counters"]["tx_bytes"]) * 8 / interval)
+        bad = sum(v for k, v in c.items() if k.startswith("drop_") and k != "drop_buffer")
+        lines.append(
+            f"  {p['node'] + ':' + p['ifname']:<20} {units.format_rate(p['rate_bps'] or 0):>9} "
+            f"{c.get('tx_pkts', qd.get('packets', 0)):>9} {tx_now:>10} {units.format_size(q.get('depth_bytes', 0)):>8} "
+            f"{units.format_size(q.get('max_depth_bytes', 0)):>8} {c.get('ecn_marks', 0):>7} "
+            f"{c.get('drop_buffer', 0):>8} {bad:>7} {qd.get('drops', 0):>10}")
+        if "wan_path" in p:
+            paths.append(p)
+    sent = {}
+    for p in paths:
+        c = p.get("counters") or {}
+        sent.setdefault(p["node"], []).append((p["wan_path"], c.get("fwd_pkts", 0)))
+    for node, per_path in sent.items():
+        total = sum(n for _, n in per_path) or 1
+        shares = "  ".join(f"{i}:{n / total:.0%}" for i, n in sorted(per_path))
+        lines.append(f"  {node} RoCE packets per long-haul path: {shares}")
+    fid = body["fidelity"]
+    if fid["trustworthy"]:
+        lines.append(f"fidelity: ok over the last {fid['interval_s']:.1f} s (softirq {fid['softirq_share']:.0%} of CPU)")
+    else:
+        lines.append("fidelity: NOT TRUSTWORTHY: these figures include effects the topology does not model")
+        lines += [f"  - {limit}" for limit in fid["limits"]]
+    return lines
+
+
+@main.command(name="set-hash")
+@name_option
+@click.argument("mode", type=click.Choice(spec.HASH_MODES))
+@core
+def set_hash(name: str, mode: str) -> None:
+    """Change the ECMP hash mode of a running fabric's switches (new packets use it at once)."""
+    need_root("set-hash")
+    client.request(name, {"op": "set_hash", "hash": mode})
+    click.echo(f"fabric {name!r}: switches hash RoCEv2 by {mode}")
 
 
 @main.command(name="list")

@@ -45,6 +45,14 @@ class Controller:
         self.fabric = fabric
         self.plan = fabric.plan
         self.started_at = time.time()
+        self.guard = None  # telemetry.FidelityGuard, from the first stats request on
+        self.hash_mode = self.plan.spec.ecmp.hash  # set_hash changes it while the fabric runs
+
+    def _datapath(self):
+        if self.fabric.datapath is None:
+            raise errors.BackplaneError(f"fabric {self.plan.name!r} runs the kernel datapath (ecmp.datapath: kernel); "
+                                        "this needs the eBPF one")
+        return self.fabric.datapath
 
     def handle(self, request: dict) -> tuple[dict, bool]:
         """Answer one request; the bool says whether to stop serving afterwards."""
@@ -55,6 +63,41 @@ class Controller:
             body = describe.fabric(self.fabric, measure_rtt=bool(request.get("rtt", True)))
             body.update(controller_pid=os.getpid(), up_since=self.started_at)
             return {"ok": True, "status": body}, False
+        if op == "stats":
+            from . import telemetry
+
+            if self.guard is None:
+                self.guard = telemetry.FidelityGuard(self.fabric)
+            ports = [telemetry.port_stats(self.fabric, p) for p in self.plan.ports()]
+            body = {"name": self.plan.name, "datapath": self.plan.spec.ecmp.datapath,
+                    "hash": self.hash_mode if self.fabric.datapath is not None else "kernel five-tuple",
+                    "scale": self.plan.spec.scale, "at": time.time(), "ports": ports,
+                    "fidelity": self.guard.check()}
+            if self.fabric.datapath is not None:
+                lt = self.fabric.datapath.load_times
+                body["load_times"] = {"compile_s": lt.compile_s, **{f"load_{k}_s": v for k, v in lt.load_s.items()}}
+            return {"ok": True, "stats": body}, False
+        if op == "queue":
+            # One port's true depth from the maps, bracketing the qdisc's own backlog, read back
+            # to back so the two can be compared while traffic flows.
+            from . import queues
+
+            dp = self._datapath()
+            port = self.plan.port(str(request.get("node")), str(request.get("ifname")))
+            ipr = self.fabric.nodes[port.node].ipr
+            before = dp.queue(port.ifindex)["depth"]
+            backlog = queues.counters(ipr, port.ifindex)["backlog_bytes"]
+            after = dp.queue(port.ifindex)["depth"]
+            return {"ok": True, "depth_before": before, "backlog": backlog, "depth_after": after}, False
+        if op == "set_hash":
+            mode = request.get("hash")
+            dp = self._datapath()
+            if mode not in spec.HASH_MODES:
+                raise errors.BackplaneError(f"hash mode {mode!r}: use one of {', '.join(spec.HASH_MODES)}")
+            e = self.plan.spec.ecn
+            dp.set_config(mode, self.plan.spec.emulated_size(e.kmin), self.plan.spec.emulated_size(e.kmax), e.pmax)
+            self.hash_mode = mode
+            return {"ok": True, "hash": mode}, False
         if op == "down":
             started = time.monotonic()
             self.fabric.stop()

@@ -39,7 +39,8 @@ def expected_rtt(plan: FabricPlan, scope: str, wan_delay: bool) -> float:
 def _configured(egress: Shaping | DelayLine | None, wan_delay: bool) -> dict | None:
     if isinstance(egress, Shaping):
         return {"kind": egress.shaper, "rate_bps": egress.rate_bps, "real_rate_bps": egress.real_rate_bps,
-                "buffer_bytes": egress.buffer_bytes, "real_buffer_bytes": egress.real_buffer_bytes}
+                "buffer_bytes": egress.buffer_bytes, "real_buffer_bytes": egress.real_buffer_bytes,
+                "qdisc_limit_bytes": egress.qdisc_limit}
     if isinstance(egress, DelayLine):
         if not wan_delay:
             return {"kind": "none", "note": NO_DELAY_WARNING}

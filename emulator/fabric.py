@@ -8,6 +8,7 @@ Mininet is told it is initialised (``Mininet.inited``) so it never rewrites the 
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import time
 from typing import Any
@@ -16,7 +17,10 @@ from mininet.link import Intf
 from mininet.link import Link as MininetLink
 from mininet.net import Mininet
 from mininet.node import Node as MininetNode
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_NEWLINK
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
 from . import capabilities, netns, queues
 from .errors import AlreadyRunning, BackplaneError, CapabilityError, FabricError
@@ -41,8 +45,9 @@ class FabricNode(MininetNode):
         ("net.ipv4.conf.default.rp_filter", "0"),
     )
 
-    def __init__(self, name: str, plan_node: PlanNode, **params: Any) -> None:
+    def __init__(self, name: str, plan_node: PlanNode, plan: FabricPlan, **params: Any) -> None:
         self.plan_node = plan_node
+        self.plan = plan
         self.ipr = None
         super().__init__(name, inNamespace=True, **params)
 
@@ -150,15 +155,33 @@ class PortIntf(Intf):
 
 
 class FabricLink(MininetLink):
-    """A veth pair made over netlink straight into both nodes' namespaces."""
+    """A veth pair made over netlink straight into both nodes' namespaces, at the plan's ifindexes."""
 
     def makeIntfPair(self, intfname1, intfname2, addr1=None, addr2=None, node1=None, node2=None,  # noqa: N802
                      deleteIntfs=True):
+        plan = node1.plan
+        index1 = plan.port(node1.plan_node.name, intfname1).ifindex
+        index2 = plan.port(node2.plan_node.name, intfname2).ifindex
+        # pyroute2's link("add") cannot give the peer an ifindex; the kernel takes it from the
+        # ifinfomsg nested in VETH_INFO_PEER, so the request is built by hand.
+        fd = os.open(netns.path(node2.name), os.O_RDONLY)
         try:
-            node1.ipr.link("add", ifname=intfname1, address=addr1, kind="veth",
-                           peer={"ifname": intfname2, "address": addr2, "net_ns_fd": node2.name})
+            msg = ifinfmsg()
+            msg["index"] = index1
+            peer = {"index": index2, "attrs": [("IFLA_IFNAME", intfname2), ("IFLA_ADDRESS", addr2),
+                                                ("IFLA_NET_NS_FD", fd)]}
+            msg["attrs"] = [("IFLA_IFNAME", intfname1), ("IFLA_ADDRESS", addr1),
+                            ("IFLA_LINKINFO", {"attrs": [("IFLA_INFO_KIND", "veth"),
+                                                         ("IFLA_INFO_DATA", {"attrs": [("VETH_INFO_PEER", peer)]})]})]
+            node1.ipr.nlm_request(msg, RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
         except NetlinkError as e:
-            raise FabricError(f"creating veth {node1.name}:{intfname1} <-> {node2.name}:{intfname2} failed: {e}") from None
+            raise FabricError(f"creating veth {node1.name}:{intfname1} <-> {node2.name}:{intfname2} "
+                              f"(ifindex {index1}/{index2}) failed: {e}") from None
+        finally:
+            os.close(fd)
+        for node, name, index in ((node1, intfname1, index1), (node2, intfname2, index2)):
+            if node.ipr.link_lookup(ifname=name) != [index]:
+                raise FabricError(f"{node.name}:{name} did not get ifindex {index}")
         return None, None
 
 
@@ -217,6 +240,7 @@ class Fabric:
         self.net: Mininet | None = None
         self.nodes: dict[str, FabricNode] = {}
         self.up_seconds: float | None = None
+        self.datapath = None  # bpf.datapath.Datapath when the switches run the eBPF datapath
 
     def check_can_start(self) -> None:
         left = netns.names(self.plan.prefix)
@@ -254,7 +278,7 @@ class Fabric:
         self.net = Mininet(topo=None, build=False, controller=None, link=FabricLink, intf=PortIntf)
         for n in plan.nodes:
             cls = ROLE_CLASSES[n.role]
-            self.nodes[n.name] = self.net.addHost(plan.netns(n.name), cls=cls, plan_node=n)
+            self.nodes[n.name] = self.net.addHost(plan.netns(n.name), cls=cls, plan_node=n, plan=plan)
         for link in plan.links:
             a, b = link.a, link.b
             common = {"mtu": plan.spec.mtu, "wan_delay": self.wan_delay}
@@ -263,6 +287,13 @@ class Fabric:
                              params2={"plan_port": b, **common})
         for n in plan.nodes:
             self.nodes[n.name].configure(plan)
+        if plan.spec.ecmp.datapath == "ebpf":
+            from .bpf import install
+            from .bpf.datapath import Datapath
+
+            self.datapath = Datapath()
+            install.program(self.datapath, plan)
+            install.attach(self.datapath, plan, {name: node.ipr for name, node in self.nodes.items()})
 
     def stop(self) -> None:
         """Remove every process, namespace and link of this fabric; raise if any is left."""
@@ -274,6 +305,10 @@ class Fabric:
         self.nodes = {}
         self.net = None
         remove_fabric_namespaces(self.plan.prefix)
+        if self.datapath is not None:
+            # The programs left the kernel's ports with the namespaces; this frees them and the maps.
+            self.datapath.close()
+            self.datapath = None
 
 
 def remove_fabric_namespaces(prefix: str) -> list[str]:

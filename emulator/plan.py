@@ -28,6 +28,12 @@ RESERVED_NAMES = ("probe",)
 # 50% to spare, so the delay line itself never drops at line rate.
 NETEM_BDP_FACTOR = 1.5
 MIN_FRAME = 64
+# Ports get ifindexes from here up, one per port, the same in every namespace's numbering space.
+FIRST_IFINDEX = 100
+# Frames the qdisc holds beyond the switch buffer the egress program enforces: covers packets
+# admitted at once on different CPUs.
+QDISC_HEADROOM_FRAMES = 16
+SWITCH_ROLES = ("leaf", "spine", "border")
 
 ROLES = ("host", "leaf", "spine", "border", "fiber")
 
@@ -59,6 +65,9 @@ class Shaping:
     buffer_bytes: int  # emulated
     real_rate_bps: int
     real_buffer_bytes: int
+    # The qdisc's own limit. With the eBPF datapath the egress program tail-drops at
+    # buffer_bytes, so the qdisc holds a little more and never drops: queue accounting stays exact.
+    qdisc_limit: int
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,7 @@ class Port:
     peer_node: str
     peer_ifname: str
     egress: Shaping | DelayLine | None
+    ifindex: int = 0  # unique across the fabric, so eBPF maps shared by all switches can key on it
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,7 @@ class Node:
     role: str
     dc: str | None
     index: int
+    uid: int = 0  # 1.. in plan order: the node's id in the datapath (and its ECMP hash seed)
 
 
 @dataclass(frozen=True)
@@ -135,6 +146,23 @@ class FabricPlan:
                 if node is None or port.node == node:
                     yield port
 
+    def port(self, node: str, ifname: str) -> Port:
+        for p in self.ports(node):
+            if p.ifname == ifname:
+                return p
+        raise KeyError(f"{node}:{ifname}")
+
+    def peer(self, port: Port) -> Port:
+        return self.port(port.peer_node, port.peer_ifname)
+
+    def next_hop(self, port: Port) -> Port:
+        """The port of the next IP node behind ``port``: its peer, or across a fiber's bridge."""
+        peer = self.peer(port)
+        if self.node(peer.node).role != "fiber":
+            return peer
+        other = next(p for p in self.ports(peer.node) if p.ifname != peer.ifname)
+        return self.peer(other)
+
     def host_address(self, node: str) -> ipaddress.IPv4Address:
         for port in self.ports(node):
             if port.address is not None:
@@ -160,23 +188,31 @@ def build(spec: FabricSpec, name: str = DEFAULT_NAME) -> FabricPlan:
         nodes += [Node(f"{dc.name}-border{i}", "border", dc.name, i) for i in range(dc.borders)]
         nodes += [Node(f"{dc.name}-host{i}", "host", dc.name, i) for i in range(dc.leaves * dc.hosts_per_leaf)]
     nodes += [Node(f"wan{p.index}", "fiber", None, p.index) for p in spec.wan_paths]
-    node_ids = {n.name: i + 1 for i, n in enumerate(nodes)}
+    nodes = [Node(n.name, n.role, n.dc, n.index, i + 1) for i, n in enumerate(nodes)]
+    node_ids = {n.name: n.uid for n in nodes}
+    role = {n.name: n.role for n in nodes}
+    ifindexes = iter(range(FIRST_IFINDEX, 1 << 30))
     next_port = {n.name: 0 for n in nodes}
 
     host_subnets = spec.addressing.hosts.subnets(new_prefix=spec.addressing.host_prefix)
     p2p_subnets = spec.addressing.links.subnets(new_prefix=31)
 
     def shaping(real_rate: int, real_buffer: int) -> Shaping:
-        return Shaping(spec.shaper, spec.emulated_rate(real_rate), spec.emulated_size(real_buffer), real_rate, real_buffer)
+        buf = spec.emulated_size(real_buffer)
+        return Shaping(spec.shaper, spec.emulated_rate(real_rate), buf, real_rate, real_buffer, buf)
 
     def port(node: str, address, peer: str, egress) -> Port:
         k = next_port[node]
         next_port[node] += 1
-        return Port(node, f"eth{k}", _mac(node_ids[node], k), address, peer, "", egress)
+        if isinstance(egress, Shaping) and role[node] in SWITCH_ROLES and spec.ecmp.datapath == "ebpf":
+            limit = egress.buffer_bytes + QDISC_HEADROOM_FRAMES * (spec.mtu + ETH_HEADER)
+            egress = Shaping(egress.shaper, egress.rate_bps, egress.buffer_bytes, egress.real_rate_bps,
+                             egress.real_buffer_bytes, limit)
+        return Port(node, f"eth{k}", _mac(node_ids[node], k), address, peer, "", egress, next(ifindexes))
 
     def pair(kind: str, a: Port, b: Port, path: int | None = None) -> Link:
-        a = Port(a.node, a.ifname, a.mac, a.address, b.node, b.ifname, a.egress)
-        b = Port(b.node, b.ifname, b.mac, b.address, a.node, a.ifname, b.egress)
+        a = Port(a.node, a.ifname, a.mac, a.address, b.node, b.ifname, a.egress, a.ifindex)
+        b = Port(b.node, b.ifname, b.mac, b.address, a.node, a.ifname, b.egress, b.ifindex)
         return Link(kind, a, b, path)
 
     def p2p() -> tuple[ipaddress.IPv4Interface, ipaddress.IPv4Interface]:

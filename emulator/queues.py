@@ -42,9 +42,9 @@ def install(ipr: IPRoute, index: int, egress: Shaping | DelayLine, mtu: int, whe
                 ipr.tc("add", "htb", index, ROOT, default=1)
                 ipr.tc("add-class", "htb", index, CLASS, parent=ROOT, rate=rate, ceil=rate,
                        burst=burst, cburst=burst, quantum=frame, mtu=frame)
-                ipr.tc("add", "bfifo", index, LEAF, parent=CLASS, limit=egress.buffer_bytes)
+                ipr.tc("add", "bfifo", index, LEAF, parent=CLASS, limit=egress.qdisc_limit)
             else:
-                ipr.tc("add", "tbf", index, ROOT, rate=rate, burst=burst, limit=egress.buffer_bytes, mtu=frame)
+                ipr.tc("add", "tbf", index, ROOT, rate=rate, burst=burst, limit=egress.qdisc_limit, mtu=frame)
         else:
             ipr.tc("add", "netem", index, ROOT, delay=egress.delay_s * 1e6, limit=egress.limit_packets,
                    loss=egress.loss * 100, prob_corrupt=egress.corruption * 100)
@@ -77,11 +77,11 @@ def read(ipr: IPRoute, index: int) -> dict:
         leaf = qdiscs.get(LEAF)
         if leaf is not None:
             out["fifo"] = leaf.get_attr("TCA_KIND")
-            out["buffer_bytes"] = leaf.get_attr("TCA_OPTIONS")["limit"]
+            out["limit_bytes"] = leaf.get_attr("TCA_OPTIONS")["limit"]
     elif kind == "tbf":
         parms = root.get_attr("TCA_OPTIONS").get_attr("TCA_TBF_PARMS")
         out["rate_bps"] = parms["rate"] * 8
-        out["buffer_bytes"] = parms["limit"]
+        out["limit_bytes"] = parms["limit"]
     elif kind == "netem":
         opts = root.get_attr("TCA_OPTIONS")
         out["limit_packets"] = opts["limit"]
@@ -110,8 +110,8 @@ def _verify(got: dict, want: Shaping | DelayLine, where: str) -> None:
             raise fail(f"root qdisc is {got.get('kind')}, not {want.shaper}")
         if abs(got.get("rate_bps", 0) - want.rate_bps) > 8:
             raise fail("rate differs")
-        if got.get("buffer_bytes") != want.buffer_bytes:
-            raise fail("buffer differs")
+        if got.get("limit_bytes") != want.qdisc_limit:
+            raise fail("queue limit differs")
     else:
         if got.get("kind") != "netem":
             raise fail("root qdisc is not netem")

@@ -27,6 +27,9 @@ MIN_EMULATED_RATE = 1_000_000
 # HTB and TBF carry rates as 32-bit bytes per second.
 MAX_EMULATED_RATE = 34_000_000_000
 HASH_MODES = ("five-tuple", "qpn", "qpn-psn", "ev")
+# ebpf: the switches forward RoCEv2 in eBPF (ECMP by ecmp.hash, true queue depth, WRED ECN);
+# kernel: plain Linux routers with kernel ECMP (five-tuple), the baseline it replaces.
+DATAPATHS = ("ebpf", "kernel")
 TRANSPORTS = ("selective", "go-back-n")
 DCQCN_PROFILES = ("paper", "nvidia", "hpcc-ns3", "off")
 PFC_WATCHDOG_ACTIONS = ("drop", "forward", "alert")
@@ -85,6 +88,7 @@ class Addressing:
 @dataclass(frozen=True)
 class Ecmp:
     hash: str = "five-tuple"
+    datapath: str = "ebpf"
 
 
 @dataclass(frozen=True)
@@ -432,8 +436,9 @@ def _wan(r: _Reader, top: dict, mtu: int) -> tuple[WanPath, ...]:
 
 
 def _ecmp(r: _Reader, top: dict) -> Ecmp:
-    m = r.mapping(top.get("ecmp"), "ecmp", ("hash",))
-    return Ecmp(hash=r.get(m, "ecmp", "hash", _choice(HASH_MODES), "five-tuple"))
+    m = r.mapping(top.get("ecmp"), "ecmp", ("hash", "datapath"))
+    return Ecmp(hash=r.get(m, "ecmp", "hash", _choice(HASH_MODES), "five-tuple"),
+                datapath=r.get(m, "ecmp", "datapath", _choice(DATAPATHS), "ebpf"))
 
 
 def _ecn(r: _Reader, top: dict) -> Ecn:

@@ -149,3 +149,35 @@ def test_every_interface_address_is_reachable_from_hosts():
 def test_fabric_names_are_checked(bad):
     with pytest.raises(BackplaneError):
         plan.prefix_of(bad)
+
+
+def test_ports_have_unique_ifindexes_and_switch_queues_hold_more_than_their_buffer():
+    """The eBPF maps key ports by ifindex across all namespaces; the qdisc must never drop
+    before the egress program's tail drop at the buffer."""
+    from emulator.plan import SWITCH_ROLES, Shaping
+
+    s = spec.load(TOPOLOGIES / "cross-dc.yaml")
+    p = plan.build(s, "t")
+    indexes = [port.ifindex for port in p.ports()]
+    assert len(set(indexes)) == len(indexes) and min(indexes) >= plan.FIRST_IFINDEX
+    for port in p.ports():
+        if isinstance(port.egress, Shaping):
+            if p.node(port.node).role in SWITCH_ROLES:
+                assert port.egress.qdisc_limit > port.egress.buffer_bytes
+            else:
+                assert port.egress.qdisc_limit == port.egress.buffer_bytes
+    wan = next(l for l in p.links if l.kind == "wan")
+    border = wan.a if p.node(wan.a.node).role == "border" else wan.b
+    # The next IP hop of a border's long-haul port is the other border, across the fiber's bridge.
+    assert p.node(p.next_hop(border).node).role == "border" and p.next_hop(border).node != border.node
+
+
+def test_hash_reference_spreads_and_is_deterministic():
+    from emulator.bpf import hashref
+
+    f = dict(saddr="198.18.0.2", daddr="198.18.4.2", proto=17, sport=49152, dport=4791, psn=0)
+    picks = [hashref.next_hop("qpn", 5, 8, dqpn=q, **f) for q in range(256, 256 + 64)]
+    assert picks == [hashref.next_hop("qpn", 5, 8, dqpn=q, **f) for q in range(256, 256 + 64)]
+    assert len(set(picks)) == 8
+    # five-tuple ignores the QPN: one flow, one path.
+    assert len({hashref.next_hop("five-tuple", 5, 8, dqpn=q, **f) for q in range(256, 320)}) == 1

@@ -149,6 +149,7 @@ ERRORS = [
     (with_("addressing.hosts", "198.18.0.1/16"), "addressing.hosts", "not an IPv4 prefix"),
     (with_("addressing.links", "198.18.0.0/24"), "addressing.links", "overlaps"),
     (with_("ecmp.hash", "random"), "ecmp.hash", "must be one of"),
+    (with_("ecmp.datapath", "ovs"), "ecmp.datapath", "must be one of"),
     (with_("ecn.kmax", "1KB"), "ecn.kmax", "must not be below"),
     (with_("pfc.xon", "2MB"), "pfc.xon", "must not exceed"),
     (with_("pfc.enabled", "yes please"), "pfc.enabled", "true or false"),

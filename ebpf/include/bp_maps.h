@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * The maps every switch program shares. bcc compiles the programs once per controller, so one
+ * set of maps serves every port of every switch in every namespace; ports are told apart by
+ * ifindexes the fabric plan makes unique. User space writes ports, config, priorities and
+ * routes; the kernel only looks them up.
+ */
+#ifndef BP_MAPS_H
+#define BP_MAPS_H
+
+#include "bp_structs.h"
+
+/* ifindex -> port: who it belongs to, whose queue drains into it, where it forwards to. */
+BPF_ARRAY(bp_ports, struct bp_port, BP_MAX_IFINDEX);
+/* Slot 0: hash mode and WRED thresholds. */
+BPF_ARRAY(bp_config, struct bp_config, 1);
+/* DSCP -> priority, as the fabric's QoS policy assigns them (RoCE data, CNP, lossy). */
+BPF_ARRAY(bp_dscp_prio, __u32, 64);
+/* Destination prefix -> equal-cost egress ports, from the topology's shortest paths. */
+BPF_LPM_TRIE(bp_routes, struct bp_route_key, struct bp_route, BP_MAX_ROUTES);
+/* ifindex * BP_QUEUE_SLOTS + priority (or BP_NUM_PRIO for the port) -> queue accounting.
+ * Shared, not per CPU: enqueue and dequeue run on different CPUs and must meet. */
+BPF_ARRAY(bp_queues, struct bp_queue, BP_MAX_IFINDEX * BP_QUEUE_SLOTS);
+/* ifindex -> counters, per CPU so the hot path never contends. */
+BPF_PERCPU_ARRAY(bp_counters, struct bp_counters, BP_MAX_IFINDEX);
+
+#endif /* BP_MAPS_H */

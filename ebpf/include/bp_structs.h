@@ -1,0 +1,87 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Structures shared with user space. emulator/bpf/structs.py mirrors each one field for
+ * field; tests/datapath checks that the mirror and bcc's view of these agree.
+ */
+#ifndef BP_STRUCTS_H
+#define BP_STRUCTS_H
+
+#include "bp_consts.h"
+
+/* One port of the fabric, by its ifindex (unique across the fabric's namespaces). */
+struct bp_port {
+	__u32 node_id;    /* the node this port belongs to: seeds its hash, as switches differ */
+	__u32 flags;      /* BP_PORT_* */
+	__u32 peer_queue; /* ifindex of the peer port whose egress queue drains into this one, or 0 */
+	__u32 buffer;     /* bytes this port's egress queue holds before tail drop */
+	__u8 smac[6];     /* this port's MAC: the source of what it forwards */
+	__u8 dmac[6];     /* the MAC of the next router or host behind this port */
+};
+
+/* Fabric-wide settings. */
+struct bp_config {
+	__u32 hash_mode; /* BP_HASH_* */
+	__u32 kmin;      /* WRED: no CE marks at or below this queue depth (bytes) */
+	__u32 kmax;      /* WRED: every ECT packet marked at or above this depth (bytes) */
+	__u32 pmax;      /* WRED: marking probability at kmax, in 1/BP_PROB_ONE */
+};
+
+/*
+ * Key of the route table, longest prefix match over (switch, destination): the switch's node
+ * id always matches whole, so prefixlen is 32 + the destination's prefix length.
+ */
+struct bp_route_key {
+	__u32 prefixlen;
+	__u32 node_id;
+	__u32 addr; /* network byte order */
+};
+
+/* The equal-cost next hops towards a prefix, as egress ifindexes. */
+struct bp_route {
+	__u32 count;
+	__u32 ifindex[BP_MAX_NEXTHOPS];
+};
+
+/* What XDP hands to tc ingress in front of the packet (bpf_xdp_adjust_meta). */
+struct bp_meta {
+	__u32 magic;   /* BP_META_MAGIC */
+	__u32 ifindex; /* the egress port chosen */
+	__u32 hash;    /* the flow hash that chose it */
+	__u32 prio;    /* the packet's priority, from its DSCP */
+};
+
+/*
+ * One egress queue, per (port, priority) and per port in total: bytes the egress hook let
+ * into the qdisc minus bytes the peer's ingress saw leave it is the queue's true depth.
+ */
+struct bp_queue {
+	__u64 enq_bytes;
+	__u64 deq_bytes;
+	__u64 enq_pkts;
+	__u64 deq_pkts;
+	__u64 max_depth; /* bytes, including the packet that found it */
+};
+
+/* Per-port, per-CPU counters: one named slot per event. */
+struct bp_counters {
+	__u64 rx_pkts;          /* frames received on this port */
+	__u64 rx_bytes;
+	__u64 roce_pkts;        /* RoCEv2 frames received and forwarded in eBPF */
+	__u64 kernel_pkts;      /* frames left to the kernel's path (ARP, ICMP, TCP, ...) */
+	__u64 no_route;         /* RoCEv2 with no route entry: left to the kernel */
+	__u64 ttl_expired;      /* RoCEv2 with TTL <= 1: left to the kernel, which answers ICMP */
+	__u64 fragments;        /* IPv4 fragments: left to the kernel */
+	__u64 drop_truncated;   /* Ethernet or IPv4 header cut short */
+	__u64 drop_ip_version;  /* EtherType IPv4 but version != 4 */
+	__u64 drop_ip_header;   /* IHL < 5 or total length shorter than the header */
+	__u64 drop_roce_header; /* UDP 4791 without a whole UDP header and BTH */
+	__u64 fwd_pkts;         /* forwarded out of this port by eBPF */
+	__u64 fwd_bytes;
+	__u64 tx_pkts;          /* let into this port's egress queue */
+	__u64 tx_bytes;
+	__u64 ecn_marks;        /* ECT packets marked CE here */
+	__u64 drop_buffer;      /* tail drops: the egress buffer was full */
+	__u64 drop_no_port;     /* metadata named a port that is not in the port table */
+};
+
+#endif /* BP_STRUCTS_H */

@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * tc egress on every switch port: the enqueue side of the port's queue. Runs before the
+ * shaped qdisc takes the packet. Depth = bytes let in here - bytes the peer's ingress saw
+ * leave (xdp_ingress.c). Against that true depth it
+ *   - tail-drops at the port's buffer (the qdisc's own limit is set above it, so the qdisc
+ *     never drops and the accounting stays exact),
+ *   - marks CE on ECT packets with WRED between kmin and kmax (probability up to pmax, every
+ *     packet at kmax and above, as DCQCN's switches do), fixing the IP checksum,
+ * and records the deepest queue it has seen.
+ */
+#include <uapi/linux/bpf.h>
+#include <uapi/linux/pkt_cls.h>
+
+#include "bp_consts.h"
+#include "bp_structs.h"
+#include "bp_maps.h"
+#include "bp_parse.h"
+#include "bp_csum.h"
+
+/* Mark with WRED's probability at @depth bytes: 0 up to kmin, rising to pmax, 1 from kmax. */
+static __always_inline int bp_wred_mark(struct bp_config *cfg, __u64 depth)
+{
+	__u64 p;
+
+	if (depth <= cfg->kmin)
+		return 0;
+	if (depth >= cfg->kmax)
+		return 1;
+	p = (__u64)cfg->pmax * (depth - cfg->kmin) / (cfg->kmax - cfg->kmin);
+	return (bpf_get_prandom_u32() % BP_PROB_ONE) < p;
+}
+
+static __always_inline void bp_enqueue(struct bp_queue *q, __u32 len, __u64 depth)
+{
+	__sync_fetch_and_add(&q->enq_bytes, len);
+	__sync_fetch_and_add(&q->enq_pkts, 1);
+	if (depth + len > q->max_depth)
+		q->max_depth = depth + len;
+}
+
+int bp_tc_egress(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u32 ifindex = skb->ifindex, len = skb->len, zero = 0, dscp, prio, *prio_p, key;
+	struct bp_cursor c = { .pos = data };
+	struct bp_queue *total, *q;
+	struct bp_counters *cnt;
+	struct bp_config *cfg;
+	struct bp_port *port;
+	struct ethhdr *eth;
+	struct iphdr *iph;
+	__s64 depth, pdepth;
+	int rc = TC_ACT_OK;
+
+	port = bp_ports.lookup(&ifindex);
+	cnt = bp_counters.lookup(&ifindex);
+	cfg = bp_config.lookup(&zero);
+	if (!port || !cnt || !cfg || !(port->flags & BP_PORT_SWITCH))
+		goto done;
+	dscp = bp_frame_dscp(data, data_end);
+	prio_p = bp_dscp_prio.lookup(&dscp);
+	prio = prio_p ? (*prio_p & (BP_NUM_PRIO - 1)) : 0;
+	key = ifindex * BP_QUEUE_SLOTS + BP_NUM_PRIO;
+	total = bp_queues.lookup(&key);
+	key = ifindex * BP_QUEUE_SLOTS + prio;
+	q = bp_queues.lookup(&key);
+	if (!total || !q)
+		goto done;
+	/* Signed: a frame counted out before the hooks were all attached must not wrap. */
+	depth = (__s64)(total->enq_bytes - total->deq_bytes);
+	if (depth < 0)
+		depth = 0;
+	pdepth = (__s64)(q->enq_bytes - q->deq_bytes);
+	if (pdepth < 0)
+		pdepth = 0;
+	if (depth + len > port->buffer) {
+		cnt->drop_buffer++;
+		rc = TC_ACT_SHOT;
+		goto done;
+	}
+	if (bp_parse_eth(&c, data_end, &eth) == ETH_P_IP &&
+	    bp_parse_ipv4(&c, data_end, &iph) >= 0 &&
+	    (iph->tos & BP_ECN_MASK) && (iph->tos & BP_ECN_MASK) != BP_ECN_CE &&
+	    bp_wred_mark(cfg, depth) && bp_ip_set_ce(iph))
+		cnt->ecn_marks++;
+	bp_enqueue(total, len, depth);
+	bp_enqueue(q, len, pdepth);
+	cnt->tx_pkts++;
+	cnt->tx_bytes += len;
+done:
+	return rc;
+}

@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * XDP on every port of the fabric (switches, fibers, hosts).
+ *
+ * 1. Dequeue side of queue accounting: the frame just left the peer port's egress queue, so
+ *    its length is added to that queue's dequeued bytes.
+ * 2. On switch ports, the ECMP decision for RoCEv2: hash the fields of the configured mode,
+ *    pick one of the route's next hops and hand the choice to tc ingress in the packet's
+ *    metadata. XDP_REDIRECT would skip the target's qdisc (no queue) and its egress hook, so
+ *    the forwarding itself happens in tc (tc_ingress.c).
+ *
+ * Everything that is not well-formed RoCEv2 over IPv4 with a route and TTL to spare takes the
+ * kernel's path (ARP, ICMP, TCP, fragments) or, when its headers are broken, is dropped and
+ * counted. Loaded with BPF_F_XDP_HAS_FRAGS: 4 KB RoCE frames exceed one page on veth.
+ */
+#include <uapi/linux/bpf.h>
+
+#include "bp_consts.h"
+#include "bp_structs.h"
+#include "bp_maps.h"
+#include "bp_parse.h"
+#include "bp_hash.h"
+
+/* Add a frame that left port @ifindex's queue to its dequeued bytes. */
+static __always_inline void bp_dequeue(__u32 ifindex, __u32 prio, __u32 len)
+{
+	__u32 key = ifindex * BP_QUEUE_SLOTS + prio;
+	struct bp_queue *q = bp_queues.lookup(&key);
+
+	if (q) {
+		__sync_fetch_and_add(&q->deq_bytes, len);
+		__sync_fetch_and_add(&q->deq_pkts, 1);
+	}
+	key = ifindex * BP_QUEUE_SLOTS + BP_NUM_PRIO;
+	q = bp_queues.lookup(&key);
+	if (q) {
+		__sync_fetch_and_add(&q->deq_bytes, len);
+		__sync_fetch_and_add(&q->deq_pkts, 1);
+	}
+}
+
+int bp_xdp_ingress(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 ifindex = ctx->ingress_ifindex;
+	struct bp_cursor c = { .pos = data };
+	struct bp_counters *cnt;
+	struct bp_route_key key;
+	struct bp_config *cfg;
+	struct bp_route *route;
+	struct bp_port *port;
+	struct ethhdr *eth;
+	struct iphdr *iph;
+	struct udphdr *udph;
+	struct bp_bth *bth;
+	struct bp_meta *meta;
+	__u32 zero = 0, dscp, prio, *prio_p, len, hash, nh, out;
+	int proto, rc = XDP_PASS;
+
+	port = bp_ports.lookup(&ifindex);
+	cnt = bp_counters.lookup(&ifindex);
+	if (!port || !cnt || !port->node_id)
+		goto out; /* not a port of this fabric */
+	len = bpf_xdp_get_buff_len(ctx);
+	cnt->rx_pkts++;
+	cnt->rx_bytes += len;
+	dscp = bp_frame_dscp(data, data_end);
+	prio_p = bp_dscp_prio.lookup(&dscp);
+	prio = prio_p ? (*prio_p & (BP_NUM_PRIO - 1)) : 0;
+	if (port->peer_queue)
+		bp_dequeue(port->peer_queue, prio, len);
+	if (!(port->flags & BP_PORT_SWITCH))
+		goto out;
+
+	proto = bp_parse_eth(&c, data_end, &eth);
+	if (proto == BP_PARSE_TRUNCATED) {
+		cnt->drop_truncated++;
+		rc = XDP_DROP;
+		goto out;
+	}
+	if (proto != ETH_P_IP)
+		goto kernel;
+	proto = bp_parse_ipv4(&c, data_end, &iph);
+	if (proto < 0) {
+		if (proto == BP_PARSE_VERSION)
+			cnt->drop_ip_version++;
+		else if (proto == BP_PARSE_HEADER)
+			cnt->drop_ip_header++;
+		else
+			cnt->drop_truncated++;
+		rc = XDP_DROP;
+		goto out;
+	}
+	if (iph->frag_off & bpf_htons(BP_IP_MF | BP_IP_OFFSET)) {
+		cnt->fragments++;
+		goto kernel;
+	}
+	if (proto != IPPROTO_UDP)
+		goto kernel;
+	if (bp_parse_udp(&c, data_end, &udph) < 0) {
+		cnt->drop_truncated++;
+		rc = XDP_DROP;
+		goto out;
+	}
+	if (udph->dest != bpf_htons(BP_ROCE_PORT))
+		goto kernel;
+	if (bp_parse_bth(&c, data_end, &bth) < 0) {
+		cnt->drop_roce_header++;
+		rc = XDP_DROP;
+		goto out;
+	}
+	if (iph->ttl <= 1) {
+		cnt->ttl_expired++;
+		goto kernel;
+	}
+	key.prefixlen = 64;
+	key.node_id = port->node_id;
+	key.addr = iph->daddr;
+	route = bp_routes.lookup(&key);
+	if (!route || route->count == 0 || route->count > BP_MAX_NEXTHOPS) {
+		cnt->no_route++;
+		goto kernel;
+	}
+	cfg = bp_config.lookup(&zero);
+	if (!cfg)
+		goto kernel;
+	hash = bp_flow_hash(cfg->hash_mode, port->node_id, bpf_ntohl(iph->saddr),
+			    bpf_ntohl(iph->daddr), proto, bpf_ntohs(udph->source),
+			    bpf_ntohs(udph->dest), bpf_ntohl(bth->qpn) & 0xffffff,
+			    bpf_ntohl(bth->psn) & 0xffffff);
+	nh = hash % route->count;
+	if (nh >= BP_MAX_NEXTHOPS)
+		goto kernel;
+	out = route->ifindex[nh];
+	cnt->roce_pkts++;
+
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)))
+		goto kernel;
+	/* adjust_meta moved data_meta: re-derive the pointers before touching the packet. */
+	data = (void *)(long)ctx->data;
+	meta = (void *)(long)ctx->data_meta;
+	if ((void *)(meta + 1) > data)
+		goto kernel;
+	meta->magic = BP_META_MAGIC;
+	meta->ifindex = out;
+	meta->hash = hash;
+	meta->prio = prio;
+	goto out;
+kernel:
+	cnt->kernel_pkts++;
+out:
+	return rc;
+}

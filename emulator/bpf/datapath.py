@@ -1,0 +1,199 @@
+"""Compile, load, attach and drive the switch programs of ebpf/ with bcc.
+
+One Datapath per controller: bcc compiles the three programs once (about a second each) into
+one object whose maps every port of every switch shares, whatever namespace it lives in.
+Ports are told apart by ifindex, which the fabric plan makes unique across the fabric. Every
+attach is read back from the kernel; anything missing raises.
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import ipaddress
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from .. import capabilities, netns
+from ..errors import CapabilityError, FabricError
+from . import structs as S
+from .syscall import BpfError, load_xdp_frags, prog_id
+
+EBPF_DIR = Path(__file__).resolve().parents[2] / "ebpf"
+# One program per file; concatenated into one compilation unit so that they share their maps
+# (bcc gives its own section only to functions of the main text, so they are joined, not
+# #included).
+PROGRAM_FILES = ("xdp_ingress.c", "tc_ingress.c", "tc_egress.c")
+XDP_PROG = "bp_xdp_ingress"
+TC_INGRESS_PROG = "bp_tc_ingress"
+TC_EGRESS_PROG = "bp_tc_egress"
+TC_INGRESS_PARENT = 0xFFFFFFF2  # clsact ingress
+TC_EGRESS_PARENT = 0xFFFFFFF3  # clsact egress
+XDP_FLAGS_DRV_MODE = 1 << 2
+# IFLA_XDP_ATTACHED for native (driver) mode: pyroute2 decodes XDP_ATTACHED_DRV (1) as "xdp".
+XDP_ATTACHED_DRV = (1, "xdp")
+
+# QoS policy by DSCP, as production RoCE fabrics set it: data on the lossless priority, CNPs
+# on a high one, everything else lossy.
+DSCP_ROCE = 26
+DSCP_CNP = 48
+PRIO_CNP = 6
+PRIO_LOSSY = 0
+
+BCC_FIX = "sudo scripts/setup.sh (installs python3-bpfcc, clang and kernel headers bcc can use)"
+
+
+@dataclass(frozen=True)
+class LoadTimes:
+    compile_s: float
+    load_s: dict[str, float]
+
+
+class Datapath:
+    """The compiled programs and their maps, owned by one process."""
+
+    def __init__(self) -> None:
+        src = capabilities.bcc_kernel_source()
+        if src:
+            os.environ["BCC_KERNEL_SOURCE"] = src
+        try:
+            from bcc import BPF
+        except ImportError:
+            raise CapabilityError("bcc is not installed: the eBPF datapath cannot be compiled", BCC_FIX) from None
+        text = "".join((EBPF_DIR / f).read_text() for f in PROGRAM_FILES)
+        started = time.monotonic()
+        try:
+            self.bpf = BPF(text=text, cflags=[f"-I{EBPF_DIR / 'include'}", "-Wno-unused-function"])
+        except Exception as e:  # bcc raises plain Exception; its compiler output went to stderr
+            raise CapabilityError(f"bcc could not compile {', '.join(PROGRAM_FILES)}: {e}", BCC_FIX) from None
+        compiled = time.monotonic()
+        load: dict[str, float] = {}
+        self.fds: dict[str, int] = {}
+        for name in (TC_INGRESS_PROG, TC_EGRESS_PROG):
+            t = time.monotonic()
+            try:
+                self.fds[name] = self.bpf.load_func(name, BPF.SCHED_CLS).fd
+            except Exception as e:
+                raise FabricError(f"loading {name}: {e}") from None
+            load[name] = time.monotonic() - t
+        t = time.monotonic()
+        from bcc import lib
+
+        fname = XDP_PROG.encode()
+        start, size = lib.bpf_function_start(self.bpf.module, fname), lib.bpf_function_size(self.bpf.module, fname)
+        try:
+            self.fds[XDP_PROG] = load_xdp_frags(XDP_PROG, ct.cast(start, ct.c_void_p).value, size)
+        except BpfError as e:
+            raise FabricError(str(e)) from None
+        load[XDP_PROG] = time.monotonic() - t
+        self.load_times = LoadTimes(compiled - started, load)
+        self.prog_ids = {name: prog_id(fd) for name, fd in self.fds.items()}
+
+    def close(self) -> None:
+        xdp = self.fds.pop(XDP_PROG, None)
+        if xdp is not None:
+            os.close(xdp)
+        self.bpf.cleanup()
+
+    # --- what user space decides ---
+
+    def table(self, name: str):
+        return self.bpf[name]
+
+    def set_config(self, hash_mode: str, kmin: int, kmax: int, pmax: float) -> None:
+        cfg = S.Config(S.HASH_MODES[hash_mode], kmin, kmax, min(S.PROB_ONE, round(pmax * S.PROB_ONE)))
+        self.bpf["bp_config"][ct.c_int(0)] = cfg
+
+    def set_dscp_prio(self, lossless_prio: int) -> None:
+        t = self.bpf["bp_dscp_prio"]
+        for dscp in range(64):
+            prio = lossless_prio if dscp == DSCP_ROCE else PRIO_CNP if dscp == DSCP_CNP else PRIO_LOSSY
+            t[ct.c_int(dscp)] = ct.c_uint32(prio)
+
+    def set_port(self, ifindex: int, port: S.Port) -> None:
+        if not 0 < ifindex < S.MAX_IFINDEX:
+            raise FabricError(f"ifindex {ifindex} outside the datapath's 1..{S.MAX_IFINDEX - 1}")
+        self.bpf["bp_ports"][ct.c_int(ifindex)] = port
+
+    def set_route(self, node_id: int, dst: ipaddress.IPv4Network, ifindexes: list[int]) -> None:
+        if not 0 < len(ifindexes) <= S.MAX_NEXTHOPS:
+            raise FabricError(f"route {dst}: {len(ifindexes)} next hops, the datapath holds 1..{S.MAX_NEXTHOPS}")
+        key = S.RouteKey(32 + dst.prefixlen, node_id, int.from_bytes(dst.network_address.packed, "little"))
+        route = S.Route(len(ifindexes), (ct.c_uint32 * S.MAX_NEXTHOPS)(*ifindexes))
+        self.bpf["bp_routes"][key] = route
+
+    # --- attaching to ports, each checked ---
+
+    def attach(self, ns: str, ipr: IPRoute, ifname: str, switch: bool) -> None:
+        """XDP on the port, and on a switch port the tc programs too. Raise unless all took."""
+        from bcc import lib
+
+        where = f"{ns}:{ifname}"
+        index = ipr.link_lookup(ifname=ifname)
+        if not index:
+            raise FabricError(f"{where}: no such interface to attach the datapath to")
+        index = index[0]
+        with netns.entered(ns):
+            rc = lib.bpf_attach_xdp(ifname.encode(), self.fds[XDP_PROG], XDP_FLAGS_DRV_MODE)
+        if rc < 0:
+            raise FabricError(f"{where}: attaching {XDP_PROG} in native mode failed (bcc returned {rc})")
+        link = ipr.get_links(index)[0]
+        xdp = link.get_attr("IFLA_XDP")
+        attached = xdp.get_attr("IFLA_XDP_ATTACHED") if xdp else None
+        pid = xdp.get_attr("IFLA_XDP_PROG_ID") if xdp else None
+        if attached not in XDP_ATTACHED_DRV or pid != self.prog_ids[XDP_PROG]:
+            raise FabricError(f"{where}: XDP reads back as attached={attached} prog={pid}, "
+                              f"expected native mode with program {self.prog_ids[XDP_PROG]}")
+        if switch:
+            self.attach_tc(ns, ipr, ifname)
+
+    def attach_tc(self, ns: str, ipr: IPRoute, ifname: str) -> None:
+        """tc ingress (forwarding) and egress (queue, ECN, tail drop) on a switch port."""
+        where = f"{ns}:{ifname}"
+        index = ipr.link_lookup(ifname=ifname)
+        if not index:
+            raise FabricError(f"{where}: no such interface to attach the datapath to")
+        index = index[0]
+        try:
+            ipr.tc("add", "clsact", index)
+            ipr.tc("add-filter", "bpf", index, ":1", fd=self.fds[TC_INGRESS_PROG], name=TC_INGRESS_PROG,
+                   parent=TC_INGRESS_PARENT, classid=1, direct_action=True)
+            ipr.tc("add-filter", "bpf", index, ":1", fd=self.fds[TC_EGRESS_PROG], name=TC_EGRESS_PROG,
+                   parent=TC_EGRESS_PARENT, classid=1, direct_action=True)
+        except NetlinkError as e:
+            raise FabricError(f"{where}: attaching the tc programs failed: {os.strerror(e.code)}") from None
+        # pyroute2 does not decode TCA_BPF_ID; the program's name on a direct-action filter is
+        # ours alone (bp_ prefix), so that is what is read back.
+        for parent, name in ((TC_INGRESS_PARENT, TC_INGRESS_PROG), (TC_EGRESS_PARENT, TC_EGRESS_PROG)):
+            names = []
+            for f in ipr.get_filters(index=index, parent=parent):
+                opts = f.get_attr("TCA_OPTIONS")
+                if opts is not None and opts.get_attr("TCA_BPF_NAME"):
+                    names.append(opts.get_attr("TCA_BPF_NAME"))
+            if names != [name]:
+                raise FabricError(f"{where}: tc {'ingress' if parent == TC_INGRESS_PARENT else 'egress'} holds "
+                                  f"{names} after attaching {name}")
+
+    # --- reading what the kernel counted ---
+
+    def counters(self, ifindex: int) -> dict[str, int]:
+        """The port's counters, summed over CPUs."""
+        per_cpu = self.bpf["bp_counters"][ct.c_int(ifindex)]
+        return {name: sum(getattr(c, name) for c in per_cpu) for name in S.COUNTER_NAMES}
+
+    def queue(self, ifindex: int, prio: int | None = None) -> dict[str, int]:
+        """A queue's accounting; ``prio`` None is the port's total. depth = enqueued - dequeued."""
+        slot = S.NUM_PRIO if prio is None else prio
+        q = self.bpf["bp_queues"][ct.c_int(ifindex * S.QUEUE_SLOTS + slot)]
+        out = {name: getattr(q, name) for name, _ in S.Queue._fields_}
+        out["depth"] = max(0, q.enq_bytes - q.deq_bytes)
+        return out
+
+
+def ip_be(address: str) -> int:
+    """An IPv4 address as the u32 the kernel holds in network order, read on this host."""
+    return int.from_bytes(socket.inet_aton(address), "little")

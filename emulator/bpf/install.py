@@ -1,0 +1,60 @@
+"""Program a fabric plan into a Datapath: ports, routes, hash mode, thresholds, attachments.
+
+Everything here is computed from the plan (user space decides); the kernel programs only look
+it up. Attach order matters for exact queue depth: the dequeue side (XDP on every port) goes on
+before any egress hook starts counting what enters a queue.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from pyroute2 import IPRoute
+
+from ..errors import FabricError
+from ..plan import SWITCH_ROLES, FabricPlan, Port, Shaping
+from . import structs as S
+from .datapath import Datapath
+
+
+def port_entry(plan: FabricPlan, port: Port) -> S.Port:
+    node = plan.node(port.node)
+    peer = plan.peer(port)
+    switch = node.role in SWITCH_ROLES
+    # The queue that drains into this port is the peer's egress, if the peer is a switch port.
+    peer_queue = peer.ifindex if plan.node(peer.node).role in SWITCH_ROLES else 0
+    buffer = port.egress.buffer_bytes if switch and isinstance(port.egress, Shaping) else 0
+    return S.Port(node.uid, S.PORT_SWITCH if switch else 0, peer_queue, buffer, S.mac_bytes(port.mac),
+                  S.mac_bytes(plan.next_hop(port).mac))
+
+
+def program(datapath: Datapath, plan: FabricPlan) -> int:
+    """Write the plan's ports, routes and settings into the maps; returns the routes written."""
+    spec = plan.spec
+    datapath.set_config(spec.ecmp.hash, spec.emulated_size(spec.ecn.kmin), spec.emulated_size(spec.ecn.kmax),
+                        spec.ecn.pmax)
+    datapath.set_dscp_prio(spec.pfc.priority)
+    for port in plan.ports():
+        datapath.set_port(port.ifindex, port_entry(plan, port))
+    routes = 0
+    for node in plan.nodes:
+        if node.role not in SWITCH_ROLES:
+            continue
+        index = {p.ifname: p.ifindex for p in plan.ports(node.name)}
+        for route in plan.routes[node.name]:
+            datapath.set_route(node.uid, route.dst, [index[dev] for _, dev in route.nexthops])
+            routes += 1
+    return routes
+
+
+def attach(datapath: Datapath, plan: FabricPlan, iproutes: Mapping[str, IPRoute]) -> None:
+    """Attach to every port: all XDP first (dequeue side), then the switches' tc programs."""
+    ports = list(plan.ports())
+    for port in ports:
+        datapath.attach(plan.netns(port.node), iproutes[port.node], port.ifname, switch=False)
+    for port in ports:
+        if plan.node(port.node).role in SWITCH_ROLES:
+            datapath.attach_tc(plan.netns(port.node), iproutes[port.node], port.ifname)
+    for port in ports:
+        got = iproutes[port.node].link_lookup(ifname=port.ifname)
+        if got != [port.ifindex]:
+            raise FabricError(f"{plan.netns(port.node)}:{port.ifname} has ifindex {got}, the plan says {port.ifindex}")

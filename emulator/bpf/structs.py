@@ -1,0 +1,98 @@
+"""The one Python mirror of ebpf/include/bp_consts.h and bp_structs.h.
+
+Every struct here has the same fields, in the same order and with the same C types, as its C
+twin; tests/datapath compares them against bcc's own view of the compiled program.
+"""
+from __future__ import annotations
+
+import ctypes as ct
+
+ROCE_PORT = 4791
+MAX_IFINDEX = 4096
+MAX_NEXTHOPS = 16
+NUM_PRIO = 8
+QUEUE_SLOTS = NUM_PRIO + 1
+MAX_ROUTES = 16384
+META_MAGIC = 0x42504D31
+PROB_ONE = 65536
+
+HASH_MODES = {"five-tuple": 0, "qpn": 1, "qpn-psn": 2, "ev": 3}
+
+PORT_SWITCH = 1
+
+ECN_MASK = 3
+ECN_CE = 3
+
+
+class Port(ct.Structure):
+    _fields_ = [
+        ("node_id", ct.c_uint32),
+        ("flags", ct.c_uint32),
+        ("peer_queue", ct.c_uint32),
+        ("buffer", ct.c_uint32),
+        ("smac", ct.c_uint8 * 6),
+        ("dmac", ct.c_uint8 * 6),
+    ]
+
+
+class Config(ct.Structure):
+    _fields_ = [
+        ("hash_mode", ct.c_uint32),
+        ("kmin", ct.c_uint32),
+        ("kmax", ct.c_uint32),
+        ("pmax", ct.c_uint32),
+    ]
+
+
+class RouteKey(ct.Structure):
+    _fields_ = [("prefixlen", ct.c_uint32), ("node_id", ct.c_uint32), ("addr", ct.c_uint32)]
+
+
+class Route(ct.Structure):
+    _fields_ = [("count", ct.c_uint32), ("ifindex", ct.c_uint32 * MAX_NEXTHOPS)]
+
+
+class Meta(ct.Structure):
+    _fields_ = [
+        ("magic", ct.c_uint32),
+        ("ifindex", ct.c_uint32),
+        ("hash", ct.c_uint32),
+        ("prio", ct.c_uint32),
+    ]
+
+
+class Queue(ct.Structure):
+    _fields_ = [
+        ("enq_bytes", ct.c_uint64),
+        ("deq_bytes", ct.c_uint64),
+        ("enq_pkts", ct.c_uint64),
+        ("deq_pkts", ct.c_uint64),
+        ("max_depth", ct.c_uint64),
+    ]
+
+
+class Counters(ct.Structure):
+    _fields_ = [(name, ct.c_uint64) for name in (
+        "rx_pkts", "rx_bytes", "roce_pkts", "kernel_pkts", "no_route", "ttl_expired", "fragments",
+        "drop_truncated", "drop_ip_version", "drop_ip_header", "drop_roce_header", "fwd_pkts",
+        "fwd_bytes", "tx_pkts", "tx_bytes", "ecn_marks", "drop_buffer", "drop_no_port",
+    )]
+
+
+COUNTER_NAMES = tuple(name for name, _ in Counters._fields_)
+# Counters of frames the datapath dropped, each with its reason.
+DROP_COUNTERS = tuple(n for n in COUNTER_NAMES if n.startswith("drop_"))
+
+# struct name in C -> (mirror, map whose key or value has that type, "key" | "leaf")
+MIRRORS = {
+    "bp_port": (Port, "bp_ports", "leaf"),
+    "bp_config": (Config, "bp_config", "leaf"),
+    "bp_route_key": (RouteKey, "bp_routes", "key"),
+    "bp_route": (Route, "bp_routes", "leaf"),
+    "bp_queue": (Queue, "bp_queues", "leaf"),
+    "bp_counters": (Counters, "bp_counters", "leaf"),
+}
+
+
+def mac_bytes(mac: str) -> ct.Array:
+    return (ct.c_uint8 * 6)(*bytes.fromhex(mac.replace(":", "")))

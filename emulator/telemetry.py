@@ -1,0 +1,129 @@
+"""Per-port figures of a running fabric, read from the datapath's maps and the kernel.
+
+For every port: what the eBPF datapath counted (forwarded, marked, dropped and why), the true
+queue depth (enqueued - dequeued bytes) now and at its deepest, and what the kernel itself
+reports (qdisc backlog and drops, veth drops) so the two can be held against each other.
+
+The fidelity guard lives here too: an emulator that runs out of CPU produces fiction (queues
+that are really softirq backlog, drops the topology never configured). Between two readings it
+looks for softirq saturation, drops outside the modelled buffers (qdiscs the datapath keeps
+from dropping, veths, receiving sockets) and says which limit was hit and what would fit.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from . import netns, queues
+from .plan import SWITCH_ROLES, Port
+
+if TYPE_CHECKING:
+    from .fabric import Fabric
+
+# Share of all CPU time spent in softirq above which packet processing is the bottleneck.
+SOFTIRQ_SATURATED = 0.85
+
+
+def _link_drops(ipr, index: int) -> dict[str, int]:
+    link = ipr.get_links(index)[0]
+    s = link.get_attr("IFLA_STATS64") or {}
+    return {"rx_dropped": s.get("rx_dropped", 0), "tx_dropped": s.get("tx_dropped", 0)}
+
+
+def port_stats(f: "Fabric", port: Port) -> dict:
+    plan = f.plan
+    node = f.nodes[port.node]
+    role = plan.node(port.node).role
+    out: dict = {"node": port.node, "ifname": port.ifname, "ifindex": port.ifindex, "role": role,
+                 "peer": f"{port.peer_node}:{port.peer_ifname}"}
+    link = next((l for l in plan.links if port in (l.a, l.b)), None)
+    if link is not None and link.kind == "wan" and role in SWITCH_ROLES:
+        out["wan_path"] = link.path
+    egress = port.egress
+    out["rate_bps"] = getattr(egress, "rate_bps", None)
+    out["buffer_bytes"] = getattr(egress, "buffer_bytes", None)
+    try:
+        out["qdisc"] = queues.counters(node.ipr, port.ifindex)
+    except Exception:  # noqa: BLE001 - a port without a root qdisc (fibers without delay)
+        out["qdisc"] = None
+    out["link"] = _link_drops(node.ipr, port.ifindex)
+    dp = f.datapath
+    if dp is not None:
+        out["counters"] = dp.counters(port.ifindex)
+        if role in SWITCH_ROLES:
+            q = dp.queue(port.ifindex)
+            out["queue"] = {"depth_bytes": q["depth"], "max_depth_bytes": q["max_depth"],
+                            "enqueued_bytes": q["enq_bytes"], "dequeued_bytes": q["deq_bytes"]}
+    return out
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(softirq, total) jiffies of all CPUs, from /proc/stat."""
+    with open("/proc/stat") as fh:
+        fields = fh.readline().split()[1:]
+    values = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
+    return values[6], sum(values)
+
+
+def _udp_rcvbuf_errors(ns: str) -> int:
+    with netns.entered(ns):
+        with open("/proc/net/snmp") as fh:
+            lines = [l.split() for l in fh if l.startswith("Udp:")]
+    head, vals = lines[0], lines[1]
+    return int(vals[head.index("RcvbufErrors")])
+
+
+@dataclass
+class _Snapshot:
+    at: float
+    softirq: int
+    total: int
+    drops: dict[str, int] = field(default_factory=dict)  # "what where" -> count
+
+
+class FidelityGuard:
+    """Compares successive readings and says when the figures stop being trustworthy."""
+
+    def __init__(self, f: "Fabric") -> None:
+        self.fabric = f
+        self.last = self._snapshot()
+
+    def _snapshot(self) -> _Snapshot:
+        f = self.fabric
+        plan = f.plan
+        softirq, total = _cpu_times()
+        drops: dict[str, int] = {}
+        for port in plan.ports():
+            node = f.nodes[port.node]
+            where = f"{port.node}:{port.ifname}"
+            link = _link_drops(node.ipr, port.ifindex)
+            drops[f"veth drops on {where}"] = link["rx_dropped"] + link["tx_dropped"]
+            if f.datapath is not None and plan.node(port.node).role in SWITCH_ROLES:
+                # The egress program tail-drops below the qdisc's limit: a qdisc drop here is
+                # one the modelled buffer did not make.
+                drops[f"qdisc drops on {where} (the datapath keeps this qdisc from dropping)"] = \
+                    queues.counters(node.ipr, port.ifindex)["drops"]
+        for n in plan.by_role("host"):
+            drops[f"receive socket overflows on {n.name}"] = _udp_rcvbuf_errors(plan.netns(n.name))
+        return _Snapshot(time.monotonic(), softirq, total, drops)
+
+    def check(self) -> dict:
+        """Findings since the previous check: {"trustworthy": bool, "limits": [...], ...}."""
+        now = self._snapshot()
+        prev, self.last = self.last, now
+        limits = []
+        total = now.total - prev.total
+        share = (now.softirq - prev.softirq) / total if total > 0 else 0.0
+        scale = self.fabric.plan.spec.scale
+        if share >= SOFTIRQ_SATURATED:
+            limits.append(f"softirq took {share:.0%} of all CPU time over {now.at - prev.at:.1f} s: packet "
+                          f"processing is out of CPU, so queues and drops include the machine's own backlog; "
+                          f"lower the offered load or the scale (about {scale * SOFTIRQ_SATURATED / share / 2:g} "
+                          f"instead of {scale:g} would fit)")
+        for what, count in now.drops.items():
+            delta = count - prev.drops.get(what, 0)
+            if delta > 0:
+                limits.append(f"{delta} {what}: outside the modelled buffers")
+        return {"trustworthy": not limits, "limits": limits, "softirq_share": share,
+                "interval_s": now.at - prev.at}

@@ -1,0 +1,225 @@
+"""The switch programs on crafted packets, with BPF_PROG_TEST_RUN: verdict, output bytes and
+the counter each outcome must move. Katran-style fixtures: input packet, expected packet (or
+metadata), verdict."""
+from __future__ import annotations
+
+import ctypes as ct
+import random
+
+import pytest
+from scapy.layers.inet import ICMP, IP, UDP
+from scapy.layers.l2 import ARP, Ether
+
+from emulator.bpf import hashref
+from emulator.bpf import structs as S
+from emulator.bpf.datapath import TC_EGRESS_PROG, TC_INGRESS_PROG, XDP_PROG
+from emulator.bpf.syscall import prog_test_run
+from emulator import netns
+
+from .conftest import FIBER_PORT, IN_PORT, MAC_IN, MAC_PEER, NEXT_HOPS, NODE_ID, NS, reset_port, skb_ctx, xdp_ctx
+
+XDP_DROP, XDP_PASS = 1, 2
+TC_ACT_OK, TC_ACT_SHOT = 0, 2
+META = ct.sizeof(S.Meta)
+
+
+def bth(opcode=0x07, qpn=0x123, psn=5) -> bytes:
+    return bytes([opcode, 0]) + b"\xff\xff" + qpn.to_bytes(4, "big") + psn.to_bytes(4, "big")
+
+
+def roce(src="198.18.0.2", dst="198.18.1.2", sport=49152, qpn=0x123, psn=5, tos=(26 << 2) | 2, ttl=64,
+         payload=256, **ip) -> bytes:
+    pkt = (Ether(src=MAC_PEER, dst=MAC_IN) / IP(src=src, dst=dst, tos=tos, ttl=ttl, **ip) /
+           UDP(sport=sport, dport=S.ROCE_PORT, chksum=0) / (bth(qpn=qpn, psn=psn) + bytes(payload + 4)))
+    return bytes(pkt)
+
+
+def run_xdp(dp, data: bytes, port: int = IN_PORT):
+    with netns.entered(NS):
+        return prog_test_run(dp.fds[XDP_PROG], data, ctx=xdp_ctx(port, len(data)))
+
+
+def run_tc(dp, prog: str, data: bytes, port: int = IN_PORT):
+    with netns.entered(NS):
+        return prog_test_run(dp.fds[prog], data, ctx=skb_ctx(port))
+
+
+def meta_of(out: bytes, data: bytes) -> S.Meta | None:
+    """XDP's test run returns the metadata in front of the packet, when there is any."""
+    if len(out) == len(data) + META:
+        assert out[META:] == data, "XDP must not change the packet itself"
+        return S.Meta.from_buffer_copy(out[:META])
+    assert out == data
+    return None
+
+
+def counters_delta(dp, port, before):
+    after = dp.counters(port)
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+# --- XDP ingress ---
+
+def test_roce_gets_a_next_hop_in_metadata(programmed):
+    data = roce()
+    before = programmed.counters(IN_PORT)
+    r = run_xdp(programmed, data)
+    assert r.retval == XDP_PASS
+    m = meta_of(r.data, data)
+    assert m is not None and m.magic == S.META_MAGIC
+    want = hashref.flow_hash("qpn", NODE_ID, "198.18.0.2", "198.18.1.2", 17, 49152, 4791, 0x123, 5)
+    assert m.hash == want
+    assert m.ifindex == NEXT_HOPS[want % len(NEXT_HOPS)]
+    assert m.prio == 3  # DSCP 26 is RoCE data, on the lossless priority
+    assert counters_delta(programmed, IN_PORT, before) == {"rx_pkts": 1, "rx_bytes": len(data), "roce_pkts": 1}
+
+
+def test_ip_options_are_parsed_not_misforwarded(programmed):
+    from scapy.layers.inet import IPOption_NOP
+
+    data = roce(options=[IPOption_NOP()] * 4)
+    r = run_xdp(programmed, data)
+    m = meta_of(r.data, data)
+    assert r.retval == XDP_PASS and m is not None
+    assert m.hash == hashref.flow_hash("qpn", NODE_ID, "198.18.0.2", "198.18.1.2", 17, 49152, 4791, 0x123, 5)
+
+
+@pytest.mark.parametrize("name,data,verdict,counter", [
+    # (Frames shorter than an Ethernet header never reach XDP: veth and the test run refuse them.)
+    ("truncated IPv4", bytes(Ether(src=MAC_PEER, dst=MAC_IN, type=0x0800)) + bytes(12), XDP_DROP, "drop_truncated"),
+    ("IPv4 header cut by the options it claims", roce()[:14] + bytes([0x4F]) + roce()[15:34], XDP_DROP, "drop_truncated"),
+    ("IP version 6 in an IPv4 frame", roce()[:14] + bytes([0x65]) + roce()[15:], XDP_DROP, "drop_ip_version"),
+    ("IHL below 5", roce()[:14] + bytes([0x44]) + roce()[15:], XDP_DROP, "drop_ip_header"),
+    ("UDP 4791 without a whole BTH", roce()[:14 + 20 + 8 + 6], XDP_DROP, "drop_roce_header"),
+    ("truncated UDP", roce()[:14 + 20 + 4], XDP_DROP, "drop_truncated"),
+    ("non-RoCE UDP", bytes(Ether(src=MAC_PEER, dst=MAC_IN) / IP(src="198.18.0.2", dst="198.18.1.2") /
+                           UDP(sport=1234, dport=53) / bytes(32)), XDP_PASS, "kernel_pkts"),
+    ("ICMP", bytes(Ether(src=MAC_PEER, dst=MAC_IN) / IP(src="198.18.0.2", dst="198.18.1.2") / ICMP()),
+     XDP_PASS, "kernel_pkts"),
+    ("ARP", bytes(Ether(src=MAC_PEER, dst="ff:ff:ff:ff:ff:ff") / ARP(pdst="198.18.1.1")), XDP_PASS, "kernel_pkts"),
+    ("TTL 1", roce(ttl=1), XDP_PASS, "ttl_expired"),
+    ("no route", roce(dst="203.0.113.9"), XDP_PASS, "no_route"),
+    ("fragment", roce(flags="MF"), XDP_PASS, "fragments"),
+])
+def test_xdp_fixtures(programmed, name, data, verdict, counter):
+    before = programmed.counters(IN_PORT)
+    r = run_xdp(programmed, data)
+    assert r.retval == verdict, name
+    if verdict == XDP_PASS:
+        assert meta_of(r.data, data) is None, f"{name}: must take the kernel's path, without a next hop"
+    delta = counters_delta(programmed, IN_PORT, before)
+    assert delta.get(counter) == 1, f"{name}: {delta}"
+    assert delta.get("roce_pkts", 0) == 0, f"{name} must not be forwarded in eBPF"
+
+
+def test_non_switch_port_only_counts_the_dequeue(programmed):
+    reset_port(programmed, IN_PORT)
+    data = roce()
+    r = run_xdp(programmed, data, port=FIBER_PORT)
+    assert r.retval == XDP_PASS and meta_of(r.data, data) is None
+    q = programmed.queue(IN_PORT, prio=3)
+    assert q["deq_bytes"] == len(data) and q["deq_pkts"] == 1
+    assert programmed.queue(IN_PORT)["deq_bytes"] == len(data)
+
+
+@pytest.mark.parametrize("mode", list(S.HASH_MODES))
+def test_kernel_hash_equals_python_reference(programmed, mode):
+    """10,000 random RoCEv2 packets per mode: the program's hash and choice equal hashref's."""
+    programmed.set_config(mode, 8000, 24000, 0.2)
+    rng = random.Random(f"hash-{mode}")
+    for _ in range(10_000):
+        src = f"198.18.{rng.randrange(256)}.{rng.randrange(1, 255)}"
+        dst = f"198.18.1.{rng.randrange(1, 255)}"
+        sport, qpn, psn = rng.randrange(49152, 65536), rng.randrange(1 << 24), rng.randrange(1 << 24)
+        data = roce(src=src, dst=dst, sport=sport, qpn=qpn, psn=psn, payload=0)
+        r = run_xdp(programmed, data)
+        m = meta_of(r.data, data)
+        want = hashref.flow_hash(mode, NODE_ID, src, dst, 17, sport, S.ROCE_PORT, qpn, psn)
+        assert m is not None and (m.hash, m.ifindex) == (want, NEXT_HOPS[want % 8]), (mode, src, dst, sport, qpn, psn)
+
+
+# --- tc ingress ---
+
+def test_tc_ingress_leaves_unchosen_packets_to_the_kernel(programmed):
+    data = roce()
+    r = run_tc(programmed, TC_INGRESS_PROG, data)
+    assert r.retval == TC_ACT_OK and r.data == data
+
+
+# --- tc egress: queue accounting, WRED ECN, tail drop ---
+
+def set_depth(dp, port: int, depth: int) -> None:
+    reset_port(dp, port)
+    dp.table("bp_queues")[ct.c_int(port * S.QUEUE_SLOTS + S.NUM_PRIO)] = S.Queue(depth, 0, 1, 0, depth)
+
+
+def ip_checksum_ok(frame: bytes) -> bool:
+    ihl = (frame[14] & 0xF) * 4
+    words = sum(int.from_bytes(frame[14 + i:16 + i], "big") for i in range(0, ihl, 2))
+    while words >> 16:
+        words = (words & 0xFFFF) + (words >> 16)
+    return words == 0xFFFF
+
+
+def test_egress_enqueues_below_kmin_unchanged(programmed):
+    set_depth(programmed, IN_PORT, 0)
+    data = roce()
+    r = run_tc(programmed, TC_EGRESS_PROG, data)
+    assert r.retval == TC_ACT_OK and r.data == data
+    total, prio = programmed.queue(IN_PORT), programmed.queue(IN_PORT, prio=3)
+    assert total["enq_bytes"] == prio["enq_bytes"] == len(data)
+    assert total["max_depth"] == len(data)
+    assert programmed.counters(IN_PORT)["tx_pkts"] == 1
+
+
+@pytest.mark.parametrize("tos", [(26 << 2) | 2, (26 << 2) | 1])
+def test_egress_marks_ect_at_kmax_and_fixes_the_checksum(programmed, tos):
+    set_depth(programmed, IN_PORT, 24000)
+    data = roce(tos=tos)
+    r = run_tc(programmed, TC_EGRESS_PROG, data)
+    assert r.retval == TC_ACT_OK
+    out = r.data
+    assert out[15] & 3 == S.ECN_CE and out[15] >> 2 == 26
+    assert ip_checksum_ok(out)
+    assert out[:15] == data[:15] and out[16:24] == data[16:24] and out[26:] == data[26:]
+    assert programmed.counters(IN_PORT)["ecn_marks"] == 1
+
+
+@pytest.mark.parametrize("tos", [26 << 2, (26 << 2) | 3])
+def test_egress_never_marks_non_ect_or_ce(programmed, tos):
+    set_depth(programmed, IN_PORT, 24000)
+    data = roce(tos=tos)
+    r = run_tc(programmed, TC_EGRESS_PROG, data)
+    assert r.retval == TC_ACT_OK and r.data == data
+    assert programmed.counters(IN_PORT)["ecn_marks"] == 0
+
+
+def test_wred_marks_a_fraction_between_kmin_and_kmax(programmed):
+    """Halfway between kmin and kmax the probability is pmax/2 = 10%."""
+    set_depth(programmed, IN_PORT, 16000)
+    marked = 0
+    for _ in range(4000):
+        r = run_tc(programmed, TC_EGRESS_PROG, roce())
+        marked += r.data[15] & 3 == S.ECN_CE
+        dp_q = S.Queue(16000, 0, 1, 0, 16000)  # hold the depth still
+        programmed.table("bp_queues")[ct.c_int(IN_PORT * S.QUEUE_SLOTS + S.NUM_PRIO)] = dp_q
+    assert 0.07 < marked / 4000 < 0.13, marked
+
+
+def test_egress_tail_drops_at_the_buffer(programmed):
+    data = roce()
+    set_depth(programmed, IN_PORT, 32000 - len(data) + 1)
+    r = run_tc(programmed, TC_EGRESS_PROG, data)
+    assert r.retval == TC_ACT_SHOT
+    c = programmed.counters(IN_PORT)
+    assert c["drop_buffer"] == 1 and c["tx_pkts"] == 0
+    set_depth(programmed, IN_PORT, 32000 - len(data))
+    assert run_tc(programmed, TC_EGRESS_PROG, data).retval == TC_ACT_OK
+
+
+def test_egress_of_a_non_switch_port_is_untouched(programmed):
+    reset_port(programmed, FIBER_PORT)
+    data = roce()
+    r = run_tc(programmed, TC_EGRESS_PROG, data, port=FIBER_PORT)
+    assert r.retval == TC_ACT_OK and r.data == data
+    assert programmed.queue(FIBER_PORT)["enq_bytes"] == 0

@@ -1,0 +1,39 @@
+"""The Python mirror of the C structs agrees with bcc's view of the compiled program."""
+from __future__ import annotations
+
+import ctypes as ct
+
+from emulator.bpf import structs as S
+
+
+def layout(cls) -> list[tuple[str, int, int]]:
+    return [(name, getattr(cls, name).offset, getattr(cls, name).size) for name, *_ in cls._fields_]
+
+
+def test_mirrors_match_the_compiled_structs(dp):
+    for cname, (mirror, table, side) in S.MIRRORS.items():
+        t = dp.table(table)
+        theirs = t.Key if side == "key" else t.Leaf
+        if issubclass(theirs, ct.Array):  # per-CPU maps: one value per CPU
+            theirs = theirs._type_
+        assert ct.sizeof(theirs) == ct.sizeof(mirror), cname
+        assert layout(theirs) == layout(mirror), cname
+
+
+def test_constants_match():
+    text = (S.__file__.rsplit("/emulator/", 1)[0] + "/ebpf/include/bp_consts.h")
+    consts = {}
+    for line in open(text):
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] == "#define" and parts[2][0].isdigit():
+            consts[parts[1]] = int(parts[2], 0)
+    assert consts["BP_ROCE_PORT"] == S.ROCE_PORT
+    assert consts["BP_MAX_IFINDEX"] == S.MAX_IFINDEX
+    assert consts["BP_MAX_NEXTHOPS"] == S.MAX_NEXTHOPS
+    assert consts["BP_NUM_PRIO"] == S.NUM_PRIO
+    assert consts["BP_MAX_ROUTES"] == S.MAX_ROUTES
+    assert consts["BP_META_MAGIC"] == S.META_MAGIC
+    assert consts["BP_PROB_ONE"] == S.PROB_ONE
+    assert consts["BP_PORT_SWITCH"] == S.PORT_SWITCH
+    modes = {"five-tuple": "BP_HASH_FIVE_TUPLE", "qpn": "BP_HASH_QPN", "qpn-psn": "BP_HASH_QPN_PSN", "ev": "BP_HASH_EV"}
+    assert {m: consts[c] for m, c in modes.items()} == S.HASH_MODES

@@ -1,0 +1,183 @@
+"""The eBPF datapath on whole fabrics: how each hash mode spreads 16 QPs per host pair over the
+long-haul paths, and the true queue depth of a port under overload held against the qdisc's."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from emulator import client, netns, plan, spec
+
+from .conftest import REPO, TOPOLOGIES
+
+QPS = 16
+FRAME = 4096 + 4 + 12 + 8 + 20 + 14  # a 4 KB RoCE write on the wire
+
+
+def jain(xs: list[float]) -> float:
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if any(xs) else 0.0
+
+
+def rocegen(name: str, node: str, *args: str) -> subprocess.Popen:
+    return netns.popen(f"bp-{name}-{node}", [sys.executable, "-m", "emulator.rocegen", *args], cwd=REPO,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def start_receiver(name: str, node: str, qps: int, timeout: float = 60, idle: float = 0.0) -> subprocess.Popen:
+    p = rocegen(name, node, "recv", "--qps", str(qps), "--timeout", str(timeout), "--idle", str(idle))
+    line = p.stdout.readline()
+    assert line.strip() == "ready", f"receiver on {node}: {line!r} {p.stderr.read() if p.poll() is not None else ''}"
+    return p
+
+
+def finish(p: subprocess.Popen, timeout: float = 120) -> dict:
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def stats(name: str) -> dict:
+    return client.request(name, {"op": "stats"})["stats"]
+
+
+def port_counters(body: dict) -> dict[tuple[str, str], dict]:
+    return {(p["node"], p["ifname"]): p for p in body["ports"]}
+
+
+def custom_topology(tmp_path: Path, base: str, edit) -> Path:
+    doc = yaml.safe_load((TOPOLOGIES / f"{base}.yaml").read_text())
+    edit(doc)
+    path = tmp_path / f"{base}-test.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_ecmp_spreads_qps_over_long_haul_paths_by_hash_mode(fabrics, tmp_path):
+    """4 east->west host pairs x 16 QPs over the 8 long-haul paths, in every hash mode.
+
+    The default fabric, with one path degraded to an eighth of its rate (as a failing optic
+    would leave it) so that packets of one QP sprayed over unequal paths can overtake each other.
+    The UDP source port is fixed per host pair (as Meta's NICs sent it) except in `ev` mode,
+    where it is the per-QP entropy value that mode reads.
+    """
+    topo = custom_topology(tmp_path, "cross-dc",
+                           lambda d: d["wan"].update(overrides={0: {"rate": "50Gbps"}}))
+    name = fabrics("tecmp", topo, "--no-wan-delay")
+    p = plan.build(spec.load(topo), name)
+    wan_ports = {(l.a.node, l.a.ifname): l.path for l in p.links
+                 if l.kind == "wan" and p.node(l.a.node).role == "border" and l.a.node.startswith("east")}
+    pairs = [(f"east-host{i}", f"west-host{i}", str(p.host_address(f"west-host{i}"))) for i in range(4)]
+    report = {}
+    for mode in ("five-tuple", "qpn", "qpn-psn", "ev"):
+        client.request(name, {"op": "set_hash", "hash": mode})
+        before = port_counters(stats(name))
+        receivers = [start_receiver(name, dst, QPS) for _, dst, _ in pairs]
+        senders = [rocegen(name, src, "send", addr, "--qps", str(QPS), "--packets", "32", "--payload", "512",
+                           "--pps", "3000", "--burst", "16", "--pair-id", str(i),
+                           "--sport", "qp" if mode == "ev" else "pair")
+                   for i, (src, _, addr) in enumerate(pairs)]
+        sent = sum(finish(s)["sent"] for s in senders)
+        got = [finish(r) for r in receivers]
+        after = port_counters(stats(name))
+        per_path = [0] * len(wan_ports)
+        for key, path in wan_ports.items():
+            per_path[path] = after[key]["counters"]["fwd_pkts"] - before[key]["counters"]["fwd_pkts"]
+        shares = [n / sum(per_path) for n in per_path]
+        reordered = sum(g["out_of_order"] for g in got)
+        report[mode] = {"shares": [round(s, 3) for s in shares], "jain": round(jain(per_path), 3),
+                        "paths_used": sum(1 for n in per_path if n), "out_of_order": reordered}
+        print(f"{mode:<10} per-path shares {report[mode]['shares']} Jain {report[mode]['jain']} "
+              f"paths used {report[mode]['paths_used']}/8 reordered at the receivers {reordered}/{sent}")
+        assert all(g["complete"] == QPS for g in got), f"{mode}: not every QP finished: {got}"
+        assert sum(g["packets"] for g in got) == sent, f"{mode}: packets lost at low load"
+        assert sum(per_path) == sent, f"{mode}: the eBPF datapath forwarded {sum(per_path)} of {sent} over the WAN"
+    # A flow hash keeps each flow on one path: nothing arrives out of order.
+    for mode in ("five-tuple", "qpn", "ev"):
+        assert report[mode]["out_of_order"] == 0, report
+    # five-tuple sees only 4 flows (one source port per pair): at most 4 of 8 paths, visibly uneven.
+    assert report["five-tuple"]["paths_used"] <= 4 and max(report["five-tuple"]["shares"]) >= 0.25, report
+    # The QPN (or a per-QP entropy value) gives 64 flows: every path used, close to even.
+    for mode in ("qpn", "ev"):
+        assert report[mode]["paths_used"] == 8 and report[mode]["jain"] >= 0.8, report
+    # Per-packet spraying is even, and reorders over unequal paths.
+    assert report["qpn-psn"]["jain"] >= 0.95 and report["qpn-psn"]["out_of_order"] > 0, report
+
+
+def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fabrics, tmp_path):
+    """Two hosts send at their NICs' line rate into a third host's port (2:1 overload).
+
+    The switch buffer is 32 KB (32 MB at scale 0.001), WRED marks from 8 KB to 24 KB. Paced
+    traffic at half the rate first: no queue, no marks. Then the incast: the port's true depth
+    (enqueued - dequeued, from the maps) must bracket the qdisc's own backlog while it is
+    full, ECT packets get CE, the egress program tail-drops at the buffer, the qdisc drops
+    nothing.
+    """
+    def edit(d):
+        d["buffers"]["switch"] = "32MB"
+        d["ecn"] = {"kmin": "8MB", "kmax": "24MB", "pmax": "20%"}
+
+    topo = custom_topology(tmp_path, "single-dc", edit)
+    name = fabrics("tovl", topo)
+    p = plan.build(spec.load(topo), name)
+    dst = "local-host2"
+    bottleneck = next(x for x in p.ports() if x.peer_node == dst)
+    key = (bottleneck.node, bottleneck.ifname)
+    addr = str(p.host_address(dst))
+    buffer = bottleneck.egress.buffer_bytes
+    assert buffer == 32_000
+
+    # Paced at half the port's rate (400 Mbps / 4.2 KB frames ~ 11.9k pps).
+    before = port_counters(stats(name))[key]
+    r = start_receiver(name, dst, 4)
+    # One socket for all QPs with a send buffer of about two frames: the sender blocks while its
+    # NIC queue is busy, so its own 16 KB NIC buffer never overflows when Python's pacing
+    # catches up in a burst.
+    s = rocegen(name, "local-host0", "send", addr, "--qps", "4", "--packets", "1000", "--payload", "4096",
+                "--pps", "6000", "--sndbuf", "4096", "--sport", "pair")
+    finish(s)
+    got = finish(r)
+    after = port_counters(stats(name))[key]
+    marks = after["counters"]["ecn_marks"] - before["counters"]["ecn_marks"]
+    assert got["packets"] == 4000 and got["ce"] == 0 and marks == 0, (got, marks)
+
+    # The incast: a host on the same leaf and one on another leaf, so that only the leaf's port to
+    # the receiver carries both (ECMP could otherwise put both on one uplink). Tail drops may
+    # take a QP's last packet: the receiver stops once nothing came for 2 s.
+    before = after
+    r = start_receiver(name, dst, 8, idle=2.0)
+    senders = [rocegen(name, f"local-host{i}", "send", addr, "--qps", "4", "--packets", "2500", "--payload",
+                       "4096", "--sndbuf", "4096", "--sport", "pair", "--pair-id", str(i)) for i in (0, 3)]
+    samples = []
+    while any(x.poll() is None for x in senders):
+        q = client.request(name, {"op": "queue", "node": key[0], "ifname": key[1]})
+        samples.append((q["depth_before"], q["backlog"], q["depth_after"]))
+    for x in senders:
+        finish(x)
+    got = finish(r)
+    body = stats(name)
+    after = port_counters(body)[key]
+    delta = {k: after["counters"][k] - before["counters"][k] for k in after["counters"]}
+    qdisc_drops = after["qdisc"]["drops"] - before["qdisc"]["drops"]
+    full = [s for s in samples if s[1] > 8_000]
+
+    def within(s, frames):
+        return min(s[0], s[2]) - frames * FRAME <= s[1] <= max(s[0], s[2]) + frames * FRAME
+
+    # The maps count a frame as dequeued when the peer's XDP sees it, a NAPI poll after the
+    # qdisc released it: frames on the veth "wire" in between can stand between the two.
+    agree = [s for s in full if within(s, 1)]
+    near = [s for s in full if within(s, 2)]
+    print(f"incast: {len(samples)} samples, {len(full)} with the queue above kmin, {len(agree)} agree within a frame; "
+          f"max depth {after['queue']['max_depth_bytes']} of {buffer}; marks {delta['ecn_marks']}, "
+          f"buffer drops {delta['drop_buffer']}, qdisc drops {qdisc_drops}; receiver CE {got['ce']}/{got['packets']}")
+    assert qdisc_drops == 0
+    assert delta["drop_buffer"] > 0 and delta["ecn_marks"] > 0 and got["ce"] > 0
+    assert after["queue"]["max_depth_bytes"] <= buffer
+    assert len(full) >= 5, f"the queue was seen full in only {len(full)} of {len(samples)} samples"
+    assert len(near) == len(full), [s for s in full if s not in near][:5]
+    assert len(agree) >= 0.9 * len(full), [s for s in full if s not in agree][:5]
