@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import socket
 import sys
 import time
@@ -58,8 +59,10 @@ def receive(bind: str, port: int, warmup: float, seconds: float, first_timeout: 
     }
 
 
-def count(bind: str, port: int, expect: int, idle: float, first_timeout: float) -> dict:
-    """Count every packet until ``expect`` arrived or none came for ``idle`` seconds."""
+def count(bind: str, port: int, expect: int, idle: float, first_timeout: float, idle_after_eof: bool = False) -> dict:
+    """Count every packet until ``expect`` arrived or none came for ``idle`` seconds (with
+    ``idle_after_eof``: none came for ``idle`` seconds after standard input closed, which the
+    caller does once its sender has finished)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     sock.bind((bind, port))
@@ -72,13 +75,18 @@ def count(bind: str, port: int, expect: int, idle: float, first_timeout: float) 
     except socket.timeout:
         return {"error": f"no packet within {first_timeout} s"}
     packets = 1
-    sock.settimeout(idle)
+    sender_done = not idle_after_eof
+    sock.settimeout(None)
     while packets < expect:
-        try:
+        ready, _, _ = select.select([sock] + ([] if sender_done else [sys.stdin]), [], [], idle)
+        if sock in ready:
             sock.recv_into(buf)
-        except socket.timeout:
+            packets += 1
+        elif not sender_done and ready:
+            if not sys.stdin.readline():
+                sender_done = True
+        elif sender_done:
             break
-        packets += 1
     return {"packets": packets}
 
 
@@ -140,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--first-timeout", type=float, default=5.0)
     r.add_argument("--count", type=int, default=0, help="Count every packet until this many arrived ...")
     r.add_argument("--idle", type=float, default=2.0, help="... or none came for this long.")
+    r.add_argument("--idle-after-eof", action="store_true",
+                   help="Start the idle clock only once standard input is closed (the sender finished).")
     s = sub.add_parser("send")
     s.add_argument("--dst", required=True)
     s.add_argument("--port", type=int, default=47001)
@@ -149,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--pps", type=float, default=1000.0, help="... at this many per second.")
     a = ap.parse_args(argv)
     if a.cmd == "recv" and a.count:
-        out = count(a.bind, a.port, a.count, a.idle, a.first_timeout)
+        out = count(a.bind, a.port, a.count, a.idle, a.first_timeout, a.idle_after_eof)
     elif a.cmd == "recv":
         out = receive(a.bind, a.port, a.warmup, a.seconds, a.first_timeout)
     elif a.count:

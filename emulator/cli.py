@@ -124,6 +124,10 @@ def status(name: str, as_json: bool, no_rtt: bool) -> None:
         return
     for line in format_status(body):
         click.echo(line)
+    if body.get("ports"):
+        click.echo(f"switch ports (eBPF datapath; live: backplane stats --name {name} --watch 1):")
+        for line in format_port_table(body["ports"]):
+            click.echo(line)
 
 
 def _egress_text(e: dict) -> str:
@@ -374,11 +378,25 @@ def format_stats(body: dict, prev: dict | None = None) -> list[str]:
     lines = [f"fabric {body['name']!r}  datapath {body['datapath']}  hash {body['hash']}  scale {body['scale']:g}"]
     if "counters" not in (body["ports"][0] if body["ports"] else {}):
         lines.append("  (kernel datapath: no per-port eBPF counters; qdisc figures only)")
+    lines += format_port_table(body["ports"], before, interval)
+    fid = body["fidelity"]
+    if fid["trustworthy"]:
+        lines.append(f"fidelity: ok over the last {fid['interval_s']:.1f} s (softirq {fid['softirq_share']:.0%} of CPU)")
+    else:
+        lines.append("fidelity: NOT TRUSTWORTHY: these figures include effects the topology does not model")
+        lines += [f"  - {limit}" for limit in fid["limits"]]
+    return lines
+
+
+def format_port_table(ports: list[dict], before: dict | None = None, interval: float | None = None) -> list[str]:
+    """One line per switch port, then each border's RoCE packets per long-haul path."""
+    before = before or {}
+    lines = []
     head = (f"  {'port':<20} {'rate':>9} {'tx pkts':>9} {'tx now':>10} {'depth':>8} {'max':>8} {'marks':>7} "
             f"{'buf drop':>8} {'bad pkt':>7} {'qdisc drop':>10}")
     lines.append(head)
     paths = []
-    for p in body["ports"]:
+    for p in ports:
         if p["role"] not in ("leaf", "spine", "border"):
             continue
         c = p.get("counters") or {}
@@ -404,12 +422,6 @@ def format_stats(body: dict, prev: dict | None = None) -> list[str]:
         total = sum(n for _, n in per_path) or 1
         shares = "  ".join(f"{i}:{n / total:.0%}" for i, n in sorted(per_path))
         lines.append(f"  {node} RoCE packets per long-haul path: {shares}")
-    fid = body["fidelity"]
-    if fid["trustworthy"]:
-        lines.append(f"fidelity: ok over the last {fid['interval_s']:.1f} s (softirq {fid['softirq_share']:.0%} of CPU)")
-    else:
-        lines.append("fidelity: NOT TRUSTWORTHY: these figures include effects the topology does not model")
-        lines += [f"  - {limit}" for limit in fid["limits"]]
     return lines
 
 

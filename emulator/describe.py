@@ -89,6 +89,11 @@ def fabric(f: "Fabric", measure_rtt: bool = True) -> dict:
             "real_rate_bps": p.rate_bps, "rate_bps": spec.emulated_rate(p.rate_bps),
             "loss": p.loss, "corruption": p.corruption, "ber": p.ber,
         })
+    out["datapath"] = spec.ecmp.datapath
+    if f.datapath is not None:
+        from . import telemetry
+
+        out["ports"] = [telemetry.port_stats(f, p) for p in plan.ports()]
     if measure_rtt:
         for scope, src, dst in rtt_pairs(plan):
             entry = {"scope": scope, "expected_s": expected_rtt(plan, scope, f.wan_delay)}

