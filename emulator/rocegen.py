@@ -11,8 +11,8 @@ all QPs between two hosts (what Meta's NICs did, and why it built E-ECMP on the 
 ``--sport qp`` gives each QP its own (an entropy value, as Ultra Ethernet does).
 
 Run inside a host's namespace: ``python -m emulator.rocegen recv|send ...``. The receiver
-prints ``ready`` once bound and one JSON line when the sender's last packet (opcode
-RDMA WRITE LAST) of every QP has come, or on its timeout.
+prints ``ready`` once bound and one JSON line when every QP's last packet (opcode
+RDMA WRITE LAST) and all before it have come, or on its timeout (or idle time).
 """
 from __future__ import annotations
 
@@ -126,6 +126,10 @@ def receive(qps_expected: int, timeout: float, idle: float = 0.0) -> dict:
         if tos & 3 == CE:
             f["ce"] += 1
         if op == OP_WRITE_LAST:
+            f["last_psn"] = psn
+        # A QP is done once its last packet and every one before it came (spraying can deliver
+        # the last before the others).
+        if "last_psn" in f and f["packets"] >= f["last_psn"] + 1:
             done.add(key)
     return {"flows": flows, "complete": len(done), "malformed": malformed,
             "packets": sum(f["packets"] for f in flows.values()),

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 # Share of all CPU time spent in softirq above which packet processing is the bottleneck.
 SOFTIRQ_SATURATED = 0.85
+# Share of CPU time the hypervisor took from this VM above which shapers and senders stall.
+STEAL_LIMIT = 0.10
 
 
 def _link_drops(ipr, index: int) -> dict[str, int]:
@@ -58,12 +60,12 @@ def port_stats(f: "Fabric", port: Port) -> dict:
     return out
 
 
-def _cpu_times() -> tuple[int, int]:
-    """(softirq, total) jiffies of all CPUs, from /proc/stat."""
+def _cpu_times() -> tuple[int, int, int]:
+    """(softirq, steal, total) jiffies of all CPUs, from /proc/stat."""
     with open("/proc/stat") as fh:
         fields = fh.readline().split()[1:]
     values = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
-    return values[6], sum(values)
+    return values[6], values[7], sum(values)
 
 
 def _udp_rcvbuf_errors(ns: str) -> int:
@@ -75,11 +77,35 @@ def _udp_rcvbuf_errors(ns: str) -> int:
 
 
 @dataclass
-class _Snapshot:
+class Snapshot:
     at: float
     softirq: int
+    steal: int
     total: int
     drops: dict[str, int] = field(default_factory=dict)  # "what where" -> count
+
+
+def assess(prev: Snapshot, now: Snapshot, scale: float) -> dict:
+    """What went beyond the model between two snapshots: {"trustworthy", "limits", ...}."""
+    limits = []
+    total = now.total - prev.total
+    share = (now.softirq - prev.softirq) / total if total > 0 else 0.0
+    steal = (now.steal - prev.steal) / total if total > 0 else 0.0
+    seconds = now.at - prev.at
+    if share >= SOFTIRQ_SATURATED:
+        limits.append(f"softirq took {share:.0%} of all CPU time over {seconds:.1f} s: packet processing is "
+                      f"out of CPU, so queues and drops include the machine's own backlog; lower the offered "
+                      f"load or the scale (about {scale * SOFTIRQ_SATURATED / share / 2:g} instead of "
+                      f"{scale:g} would fit)")
+    if steal >= STEAL_LIMIT:
+        limits.append(f"the hypervisor stole {steal:.0%} of the CPU time over {seconds:.1f} s: shapers and "
+                      "senders stalled with it; rerun on a quieter machine")
+    for what, count in now.drops.items():
+        delta = count - prev.drops.get(what, 0)
+        if delta > 0:
+            limits.append(f"{delta} {what}: outside the modelled buffers")
+    return {"trustworthy": not limits, "limits": limits, "softirq_share": share, "steal_share": steal,
+            "interval_s": seconds}
 
 
 class FidelityGuard:
@@ -89,10 +115,10 @@ class FidelityGuard:
         self.fabric = f
         self.last = self._snapshot()
 
-    def _snapshot(self) -> _Snapshot:
+    def _snapshot(self) -> Snapshot:
         f = self.fabric
         plan = f.plan
-        softirq, total = _cpu_times()
+        softirq, steal, total = _cpu_times()
         drops: dict[str, int] = {}
         for port in plan.ports():
             node = f.nodes[port.node]
@@ -106,24 +132,10 @@ class FidelityGuard:
                     queues.counters(node.ipr, port.ifindex)["drops"]
         for n in plan.by_role("host"):
             drops[f"receive socket overflows on {n.name}"] = _udp_rcvbuf_errors(plan.netns(n.name))
-        return _Snapshot(time.monotonic(), softirq, total, drops)
+        return Snapshot(time.monotonic(), softirq, steal, total, drops)
 
     def check(self) -> dict:
-        """Findings since the previous check: {"trustworthy": bool, "limits": [...], ...}."""
+        """Findings since the previous check."""
         now = self._snapshot()
         prev, self.last = self.last, now
-        limits = []
-        total = now.total - prev.total
-        share = (now.softirq - prev.softirq) / total if total > 0 else 0.0
-        scale = self.fabric.plan.spec.scale
-        if share >= SOFTIRQ_SATURATED:
-            limits.append(f"softirq took {share:.0%} of all CPU time over {now.at - prev.at:.1f} s: packet "
-                          f"processing is out of CPU, so queues and drops include the machine's own backlog; "
-                          f"lower the offered load or the scale (about {scale * SOFTIRQ_SATURATED / share / 2:g} "
-                          f"instead of {scale:g} would fit)")
-        for what, count in now.drops.items():
-            delta = count - prev.drops.get(what, 0)
-            if delta > 0:
-                limits.append(f"{delta} {what}: outside the modelled buffers")
-        return {"trustworthy": not limits, "limits": limits, "softirq_share": share,
-                "interval_s": now.at - prev.at}
+        return assess(prev, now, self.fabric.plan.spec.scale)

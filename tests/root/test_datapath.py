@@ -60,13 +60,15 @@ def custom_topology(tmp_path: Path, base: str, edit) -> Path:
 def test_ecmp_spreads_qps_over_long_haul_paths_by_hash_mode(fabrics, tmp_path):
     """4 east->west host pairs x 16 QPs over the 8 long-haul paths, in every hash mode.
 
-    The default fabric, with one path degraded to an eighth of its rate (as a failing optic
-    would leave it) so that packets of one QP sprayed over unequal paths can overtake each other.
+    The default fabric, with one path degraded to 1/80 of its rate (as a failing link
+    would leave it) so that packets of one QP sprayed over unequal paths can overtake each other:
+    Sprayed, an eighth of the packets (6.7 Mb/s) meet that path's 5 Mb/s and queue there (its
+    shaper's burst allowance would let a path that is merely slower carry them unqueued).
     The UDP source port is fixed per host pair (as Meta's NICs sent it) except in `ev` mode,
     where it is the per-QP entropy value that mode reads.
     """
     topo = custom_topology(tmp_path, "cross-dc",
-                           lambda d: d["wan"].update(overrides={0: {"rate": "50Gbps"}}))
+                           lambda d: d["wan"].update(overrides={0: {"rate": "5Gbps"}}))
     name = fabrics("tecmp", topo, "--no-wan-delay")
     p = plan.build(spec.load(topo), name)
     wan_ports = {(l.a.node, l.a.ifname): l.path for l in p.links
@@ -192,3 +194,27 @@ def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fa
     assert len(full) >= 5, f"the queue was seen full in only {len(full)} of {len(samples)} samples"
     assert len(near) == len(full), [s for s in full if s not in near][:5]
     assert len(agree) >= 0.9 * len(full), [s for s in full if s not in agree][:5]
+
+
+def test_fidelity_guard_reports_drops_outside_the_model(fabrics):
+    """A receiver that never reads overflows its socket: the figures of that interval are then
+    flagged as not trustworthy, naming the host."""
+    name = fabrics("tfid", "tiny", "--no-wan-delay")
+    p = plan.build(spec.load(TOPOLOGIES / "tiny.yaml"), name)
+    assert stats(name)["fidelity"]["trustworthy"] is not None  # the guard's first reading
+    sink = netns.popen(p.netns("west-host0"), [sys.executable, "-c", (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)\n"
+        "s.bind(('0.0.0.0', 4791))\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert sink.stdout.readline().strip() == "ready"
+        finish(rocegen(name, "east-host0", "send", str(p.host_address("west-host0")), "--qps", "1",
+                       "--packets", "200", "--payload", "1024", "--pps", "2000"))
+        verdict = stats(name)["fidelity"]
+    finally:
+        sink.communicate("", timeout=30)
+    assert not verdict["trustworthy"]
+    assert any("receive socket overflows on west-host0" in limit for limit in verdict["limits"]), verdict
