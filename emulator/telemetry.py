@@ -25,6 +25,20 @@ if TYPE_CHECKING:
 SOFTIRQ_SATURATED = 0.85
 # Share of CPU time the hypervisor took from this VM above which shapers and senders stall.
 STEAL_LIMIT = 0.10
+# Share of the time some runnable task waited for a CPU (PSI) above which senders were likely
+# held back while their links sat idle.
+CPU_PRESSURE_LIMIT = 0.5
+PSI_CPU = "/proc/pressure/cpu"
+
+
+def _cpu_pressure_us() -> int | None:
+    """Total microseconds some task waited for a CPU (PSI), or None without PSI."""
+    try:
+        with open(PSI_CPU) as fh:
+            some = fh.readline().split()
+    except OSError:
+        return None
+    return int(some[-1].split("=")[1])
 
 
 def _link_drops(ipr, index: int) -> dict[str, int]:
@@ -83,6 +97,7 @@ class Snapshot:
     steal: int
     total: int
     drops: dict[str, int] = field(default_factory=dict)  # "what where" -> count
+    cpu_wait_us: int | None = None  # PSI "some" total for the CPU
 
 
 def assess(prev: Snapshot, now: Snapshot, scale: float) -> dict:
@@ -97,6 +112,11 @@ def assess(prev: Snapshot, now: Snapshot, scale: float) -> dict:
                       f"out of CPU, so queues and drops include the machine's own backlog; lower the offered "
                       f"load or the scale (about {scale * SOFTIRQ_SATURATED / share / 2:g} instead of "
                       f"{scale:g} would fit)")
+    if now.cpu_wait_us is not None and prev.cpu_wait_us is not None and seconds > 0:
+        waited = (now.cpu_wait_us - prev.cpu_wait_us) / (seconds * 1e6)
+        if waited >= CPU_PRESSURE_LIMIT:
+            limits.append(f"runnable processes waited for a CPU {waited:.0%} of the last {seconds:.1f} s: "
+                          "senders were held back while their links may have been idle; lower the load")
     if steal >= STEAL_LIMIT:
         limits.append(f"the hypervisor stole {steal:.0%} of the CPU time over {seconds:.1f} s: shapers and "
                       "senders stalled with it; rerun on a quieter machine")
@@ -132,7 +152,7 @@ class FidelityGuard:
                     queues.counters(node.ipr, port.ifindex)["drops"]
         for n in plan.by_role("host"):
             drops[f"receive socket overflows on {n.name}"] = _udp_rcvbuf_errors(plan.netns(n.name))
-        return Snapshot(time.monotonic(), softirq, steal, total, drops)
+        return Snapshot(time.monotonic(), softirq, steal, total, drops, _cpu_pressure_us())
 
     def check(self) -> dict:
         """Findings since the previous check."""

@@ -178,6 +178,31 @@ class Datapath:
                 raise FabricError(f"{where}: tc {'ingress' if parent == TC_INGRESS_PARENT else 'egress'} holds "
                                   f"{names} after attaching {name}")
 
+    def detach(self, ns: str, ipr: IPRoute, ifname: str) -> None:
+        """Remove the XDP program and the clsact qdisc (with its filters) from a port; raise
+        unless both are gone. Removing a fabric's namespaces does this for every port at once."""
+        from bcc import lib
+
+        where = f"{ns}:{ifname}"
+        index = ipr.link_lookup(ifname=ifname)
+        if not index:
+            raise FabricError(f"{where}: no such interface to detach the datapath from")
+        index = index[0]
+        with netns.entered(ns):
+            rc = lib.bpf_attach_xdp(ifname.encode(), -1, XDP_FLAGS_DRV_MODE)
+        if rc < 0:
+            raise FabricError(f"{where}: removing XDP failed (bcc returned {rc})")
+        try:
+            if any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index=index)):
+                ipr.tc("del", "clsact", index)
+        except NetlinkError as e:
+            raise FabricError(f"{where}: removing clsact failed: {os.strerror(e.code)}") from None
+        xdp = ipr.get_links(index)[0].get_attr("IFLA_XDP")
+        attached = xdp.get_attr("IFLA_XDP_ATTACHED") if xdp else None
+        if attached not in (None, 0, "none") or any(q.get_attr("TCA_KIND") == "clsact"
+                                                      for q in ipr.get_qdiscs(index=index)):
+            raise FabricError(f"{where}: the datapath is still attached after detaching it")
+
     # --- reading what the kernel counted ---
 
     def counters(self, ifindex: int) -> dict[str, int]:

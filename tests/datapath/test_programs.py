@@ -223,3 +223,16 @@ def test_egress_of_a_non_switch_port_is_untouched(programmed):
     r = run_tc(programmed, TC_EGRESS_PROG, data, port=FIBER_PORT)
     assert r.retval == TC_ACT_OK and r.data == data
     assert programmed.queue(FIBER_PORT)["enq_bytes"] == 0
+
+
+def test_attach_reads_back_and_detach_removes_everything(dp, ns):
+    """On a real veth in a namespace: native XDP and both tc programs attach and read back;
+    detaching leaves the port as it was."""
+    dp.attach(NS, ns, "peer0", switch=True)
+    link = ns.get_links(ns.link_lookup(ifname="peer0")[0])[0]
+    assert link.get_attr("IFLA_XDP").get_attr("IFLA_XDP_PROG_ID") == dp.prog_ids[XDP_PROG]
+    dp.detach(NS, ns, "peer0")
+    index = ns.link_lookup(ifname="peer0")[0]
+    assert not any(q.get_attr("TCA_KIND") == "clsact" for q in ns.get_qdiscs(index=index))
+    xdp = ns.get_links(index)[0].get_attr("IFLA_XDP")
+    assert xdp is None or xdp.get_attr("IFLA_XDP_ATTACHED") in (0, "none")

@@ -80,7 +80,7 @@ def test_ecmp_spreads_qps_over_long_haul_paths_by_hash_mode(fabrics, tmp_path):
         before = port_counters(stats(name))
         receivers = [start_receiver(name, dst, QPS) for _, dst, _ in pairs]
         senders = [rocegen(name, src, "send", addr, "--qps", str(QPS), "--packets", "32", "--payload", "512",
-                           "--pps", "3000", "--burst", "16", "--pair-id", str(i),
+                           "--pps", "3000", "--pair-id", str(i),
                            "--sport", "qp" if mode == "ev" else "pair")
                    for i, (src, _, addr) in enumerate(pairs)]
         sent = sum(finish(s)["sent"] for s in senders)

@@ -28,3 +28,12 @@ def test_drops_outside_the_model_are_named_with_their_count():
 def test_hypervisor_steal_is_reported():
     v = assess(snap(0), snap(1, steal=300, total=1000), 0.001)
     assert not v["trustworthy"] and "stole 30%" in v["limits"][0]
+
+
+def test_cpu_pressure_means_senders_were_held_back():
+    prev, now = snap(0, total=100), snap(2, total=200)
+    prev.cpu_wait_us, now.cpu_wait_us = 0, 1_500_000
+    v = assess(prev, now, 0.001)
+    assert not v["trustworthy"] and "waited for a CPU 75%" in v["limits"][0]
+    now.cpu_wait_us = 100_000
+    assert assess(prev, now, 0.001)["trustworthy"]
