@@ -142,8 +142,8 @@ def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fa
     assert buffer == 32_000
 
     # Paced at half the port's rate (400 Mbps / 4.2 KB frames ~ 11.9k pps).
-    before = port_counters(stats(name))[key]
-    r = start_receiver(name, dst, 4)
+    before = port_counters(stats(name))[key]  # also starts the fidelity guard's interval
+    r = start_receiver(name, dst, 4, idle=2.0)
     # One socket for all QPs with a send buffer of about two frames: the sender blocks while its
     # NIC queue is busy, so its own 16 KB NIC buffer never overflows when Python's pacing
     # catches up in a burst.
@@ -151,9 +151,16 @@ def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fa
                 "--pps", "6000", "--sndbuf", "4096", "--sport", "pair")
     finish(s)
     got = finish(r)
-    after = port_counters(stats(name))[key]
+    body = stats(name)
+    after = port_counters(body)[key]
     marks = after["counters"]["ecn_marks"] - before["counters"]["ecn_marks"]
-    assert got["packets"] == 4000 and got["ce"] == 0 and marks == 0, (got, marks)
+    inconclusive = []
+    if body["fidelity"]["trustworthy"]:
+        assert got["packets"] == 4000 and got["ce"] == 0 and marks == 0, (got, marks)
+    else:
+        # A stalled CPU turns into backlog in the veth rings, which the depth counts: then the
+        # paced run proves nothing either way (the guard says why).
+        inconclusive = body["fidelity"]["limits"]
 
     # The incast: a host on the same leaf and one on another leaf, so that only the leaf's port to
     # the receiver carries both (ECMP could otherwise put both on one uplink). Tail drops may
@@ -194,6 +201,8 @@ def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fa
     assert len(full) >= 5, f"the queue was seen full in only {len(full)} of {len(samples)} samples"
     assert len(near) == len(full), [s for s in full if s not in near][:5]
     assert len(agree) >= 0.9 * len(full), [s for s in full if s not in agree][:5]
+    if inconclusive:
+        pytest.skip(f"the paced run (no marks expected) was inconclusive, the incast passed: {inconclusive}")
 
 
 def test_fidelity_guard_reports_drops_outside_the_model(fabrics):
