@@ -1,0 +1,608 @@
+"""RC transport: one queue pair's requester and responder, as a pure state machine.
+
+No sockets and no clock of its own: the caller hands in parsed packets and the time, and takes
+out what to put on the wire (``transmit`` for data, ``outbox`` for ACKs and NAKs) and the next
+time the QP wants to be woken (``deadline``). Tests drive it with a fake network and a fake
+clock; the socket loop (nic/loop.py) drives it with real ones.
+
+Two loss-recovery modes, chosen per QP:
+
+- ``go-back-n`` (what rxe and older NICs do): the responder drops anything after a hole and
+  sends one NAK "PSN sequence error" carrying the PSN it expects; the requester resends
+  everything from there.
+- ``selective`` (IRN-style): the responder keeps out-of-order packets (up to ``rx_window``) and
+  answers each with a NAK whose BTH PSN is the PSN it expects (the cumulative ACK) and whose
+  AETH MSN field carries the PSN it has just stored (the selective ACK; IRN adds the same field
+  to the NAK). The requester marks that packet held and resends only packets sent more than
+  ``reorder_window`` transmissions before it that are neither ACKed nor held (RACK's rule: a
+  hole is lost once later packets got through), so a hole costs one retransmission.
+
+Both cap what is in flight at ``max_inflight`` packets (one BDP), time out adaptively from the
+measured RTT (Jacobson/Karels, Karn's rule, exponential backoff), give up after ``retry_limit``
+timeouts without progress, and execute every PSN exactly once: data reaches memory only when
+its PSN is the next expected one, so duplicates and replays never write.
+"""
+from __future__ import annotations
+
+import heapq
+import struct
+from bisect import bisect_right
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from . import wire
+from .memory import REMOTE_WRITE, AccessError, ProtectionDomain
+from .wire import PSN_MOD, Aeth, Packet, psn_diff
+
+MODES = ("selective", "go-back-n")
+
+# Work completion statuses (ibv_wc_status names).
+SUCCESS = "success"
+LOC_LEN_ERR = "local_length_error"
+REM_INV_REQ_ERR = "remote_invalid_request"
+REM_ACCESS_ERR = "remote_access_error"
+REM_OP_ERR = "remote_operational_error"
+RETRY_EXC_ERR = "retry_exceeded"
+RNR_RETRY_EXC_ERR = "rnr_retry_exceeded"
+WR_FLUSH_ERR = "flushed"
+
+_BTH = struct.Struct("!BBHII")
+_RETH = struct.Struct("!QII")
+_IMM = struct.Struct("!I")
+_ACK = struct.Struct("!BBHIII")  # BTH + AETH
+_PAD = (b"", b"\0", b"\0\0", b"\0\0\0")
+_OP_FIRST, _OP_MIDDLE, _OP_LAST, _OP_LAST_IMM, _OP_ONLY, _OP_ONLY_IMM = range(6)
+_SEND_BASE, _WRITE_BASE = wire.SEND_FIRST, wire.WRITE_FIRST
+AETH_ACK_NO_CREDIT = 0x1F  # ACK syndrome with "credits not tracked"
+
+
+@dataclass
+class QpConfig:
+    mode: str = "selective"
+    mtu: int = 4096  # payload bytes per packet (the path MTU's RoCE payload)
+    max_inflight: int = 1024  # packets in flight: one BDP; the loop sizes it from rate and RTT
+    rx_window: int = 8192  # PSNs the responder accepts ahead of the one it expects
+    ackreq_every: int = 16  # the requester asks for an ACK at least this often
+    reorder_window: int = 3  # selective: later transmissions that must get through before a hole counts as lost
+    rto_initial: float = 0.25  # s, before any RTT sample (a cross-DC RTT is 30 ms)
+    rto_min: float = 0.002  # s: the socket loop cannot time much finer
+    rto_max: float = 2.0
+    retry_limit: int = 7  # timeouts without progress before the WR fails (IB's retry_cnt)
+    rnr_retry_limit: int = 7
+    rnr_delay: float = 0.001  # s to wait after an RNR NAK
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"transport mode {self.mode!r}: use one of {', '.join(MODES)}")
+        if self.mtu <= 0 or self.mtu % 4:
+            raise ValueError(f"mtu {self.mtu}: must be a positive multiple of 4")
+
+
+@dataclass(frozen=True)
+class WorkCompletion:
+    wr_id: int
+    status: str
+    opcode: str  # write | send | recv | recv_rdma_with_imm
+    qpn: int
+    byte_len: int = 0
+    imm: int | None = None
+
+
+@dataclass
+class QpStats:
+    """What a QP did, for telemetry: every packet it sent or dropped is in one counter."""
+
+    data_packets: int = 0  # first transmissions
+    retransmits: int = 0
+    timeouts: int = 0
+    acks_sent: int = 0
+    naks_sent: int = 0
+    sacks_sent: int = 0
+    acks_received: int = 0
+    naks_received: int = 0
+    rtt_samples: int = 0
+    bytes_acked: int = 0
+    delivered: int = 0  # responder: packets executed (each PSN once)
+    held: int = 0  # responder: out-of-order packets kept (selective)
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> packets
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+@dataclass(eq=False)
+class _Wr:
+    wr_id: int
+    kind: str  # write | send
+    data: memoryview
+    first: int  # sequence number of its first packet
+    npkts: int
+    remote_va: int = 0
+    rkey: int = 0
+    imm: int | None = None
+    signaled: bool = True
+
+
+@dataclass(eq=False)
+class _RecvWr:
+    wr_id: int
+    buf: memoryview
+
+
+class CompletionQueue:
+    def __init__(self) -> None:
+        self._q: deque[WorkCompletion] = deque()
+
+    def push(self, wc: WorkCompletion) -> None:
+        self._q.append(wc)
+
+    def poll(self, n: int = 64) -> list[WorkCompletion]:
+        out = []
+        while self._q and len(out) < n:
+            out.append(self._q.popleft())
+        return out
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+
+class QueuePair:
+    """One RC QP. Create it, ``connect`` it to the peer's (QPN, first PSN), post work, then
+    feed it packets and time."""
+
+    def __init__(self, qpn: int, pd: ProtectionDomain, send_cq: CompletionQueue, recv_cq: CompletionQueue,
+                 config: QpConfig | None = None, initial_psn: int = 0) -> None:
+        self.qpn = qpn
+        self.pd = pd
+        self.send_cq = send_cq
+        self.recv_cq = recv_cq
+        self.cfg = config or QpConfig()
+        self.stats = QpStats()
+        self.error: str | None = None  # set once the QP is in the error state
+        self.outbox: list[list[bytes]] = []  # ACKs/NAKs to send before data
+        self.dqpn = 0
+        self.connected = False
+        # Requester. Sequence numbers are unbounded ints; the wire PSN is (ipsn + seq) mod 2^24.
+        self.ipsn = initial_psn % PSN_MOD
+        self._wrs: list[_Wr] = []
+        self._firsts: list[int] = []
+        self._head = 0  # first WR not yet completed
+        self.una = 0  # oldest packet not acknowledged
+        self.nxt = 0  # next packet never sent
+        self.end = 0  # one past the last packet posted
+        self._out: OrderedDict[int, list] = OrderedDict()  # in flight, in transmission order: [txc, time, retx]
+        self._txc = 0
+        self._lost: list[int] = []  # heap of packets to resend
+        self._lost_set: set[int] = set()
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self.rto = self.cfg.rto_initial
+        self.deadline: float | None = None
+        self._retries = 0
+        self._rnr_retries = 0
+        self._hold_until = 0.0
+        self.pace = None  # optional callable(now, nbytes) -> bool: may this packet go now (DCQCN's pacer)
+        # Responder.
+        self.epsn = 0
+        self.msn = 0
+        self._held: dict[int, Packet] = {}
+        self._nak_sent = False
+        self._recvs: deque[_RecvWr] = deque()
+        self._w_buf: memoryview | None = None  # the RDMA WRITE being received: where the next byte goes
+        self._w_off = 0
+        self._w_left = 0
+        self._w_len = 0
+        self._r_wr: _RecvWr | None = None  # the SEND being received
+        self._r_off = 0
+
+    # --- connection ---
+
+    def connect(self, dqpn: int, remote_psn: int) -> None:
+        """RTR+RTS in one step: the peer's QPN, and the first PSN the peer will send us."""
+        self.dqpn = dqpn & wire.QPN_MASK
+        self.epsn = remote_psn % PSN_MOD
+        self.connected = True
+
+    # --- posting work ---
+
+    def post_write(self, wr_id: int, data: memoryview | bytes, remote_va: int, rkey: int,
+                   imm: int | None = None, signaled: bool = True) -> None:
+        self._post(_Wr(wr_id, "write", memoryview(data), 0, 0, remote_va, rkey, imm, signaled))
+
+    def post_send(self, wr_id: int, data: memoryview | bytes, imm: int | None = None, signaled: bool = True) -> None:
+        self._post(_Wr(wr_id, "send", memoryview(data), 0, 0, imm=imm, signaled=signaled))
+
+    def post_recv(self, wr_id: int, buf: memoryview | bytearray) -> None:
+        if self.error:
+            self.recv_cq.push(WorkCompletion(wr_id, WR_FLUSH_ERR, "recv", self.qpn))
+            return
+        self._recvs.append(_RecvWr(wr_id, memoryview(buf)))
+
+    def _post(self, wr: _Wr) -> None:
+        if not self.connected:
+            raise RuntimeError(f"QP {self.qpn:#x} is not connected")
+        if self.error:
+            self.send_cq.push(WorkCompletion(wr.wr_id, WR_FLUSH_ERR, wr.kind, self.qpn))
+            return
+        wr.first = self.end
+        wr.npkts = max(1, -(-len(wr.data) // self.cfg.mtu))
+        self.end += wr.npkts
+        self._wrs.append(wr)
+        self._firsts.append(wr.first)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing posted is outstanding."""
+        return self.una == self.end
+
+    def psn(self, seq: int) -> int:
+        return (self.ipsn + seq) % PSN_MOD
+
+    # --- requester: sending ---
+
+    def transmit(self, now: float, budget: int) -> list[tuple[bytes, memoryview | bytes, bytes]]:
+        """Up to ``budget`` packets to send now, retransmissions first: (headers, payload, pad)."""
+        out: list[tuple[bytes, memoryview | bytes, bytes]] = []
+        if self.error or now < self._hold_until:
+            return out
+        cfg = self.cfg
+        while len(out) < budget:
+            if len(self._out) >= cfg.max_inflight:
+                break
+            retx = False
+            seq = -1
+            while self._lost:
+                s = heapq.heappop(self._lost)
+                if s in self._lost_set:
+                    self._lost_set.discard(s)
+                    seq, retx = s, True
+                    break
+            if seq < 0:
+                if self.nxt >= self.end or self.nxt - self.una >= cfg.rx_window:
+                    break
+                seq = self.nxt
+            pkt = self._packet(seq, retx)
+            if self.pace is not None and not self.pace(now, len(pkt[1]) + len(pkt[0])):
+                if retx:
+                    self._mark_lost(seq)
+                break
+            if not retx:
+                self.nxt += 1
+                self.stats.data_packets += 1
+            else:
+                self.stats.retransmits += 1
+            self._out[seq] = [self._txc, now, retx]
+            self._txc += 1
+            out.append(pkt)
+        if out and self.deadline is None:
+            self.deadline = now + self.rto
+        return out
+
+    def _wr_of(self, seq: int) -> _Wr:
+        return self._wrs[bisect_right(self._firsts, seq, self._head) - 1]
+
+    def _packet(self, seq: int, retx: bool) -> tuple[bytes, memoryview | bytes, bytes]:
+        wr = self._wr_of(seq)
+        i = seq - wr.first
+        n = wr.npkts
+        mtu = self.cfg.mtu
+        base = _WRITE_BASE if wr.kind == "write" else _SEND_BASE
+        imm = wr.imm is not None
+        if n == 1:
+            op = base + (_OP_ONLY_IMM if imm else _OP_ONLY)
+        elif i == 0:
+            op = base + _OP_FIRST
+        elif i == n - 1:
+            op = base + (_OP_LAST_IMM if imm else _OP_LAST)
+        else:
+            op = base + _OP_MIDDLE
+        payload = wr.data[i * mtu:(i + 1) * mtu]
+        pad = -len(payload) % 4
+        last = i == n - 1
+        ackreq = last or retx or seq % self.cfg.ackreq_every == 0 or len(self._out) + 1 >= self.cfg.max_inflight
+        hdr = _BTH.pack(op, pad << 4, wire.PKEY_DEFAULT, self.dqpn, (ackreq << 31) | self.psn(seq))
+        if i == 0 and wr.kind == "write":
+            hdr += _RETH.pack(wr.remote_va, wr.rkey, len(wr.data))
+        if last and imm:
+            hdr += _IMM.pack(wr.imm)
+        return hdr, payload, _PAD[pad]
+
+    # --- requester: ACKs, NAKs, timer ---
+
+    def _seq_of(self, psn: int) -> int:
+        return self.una + psn_diff(psn, self.psn(self.una))
+
+    def on_response(self, pkt: Packet, now: float) -> None:
+        aeth = pkt.aeth
+        if aeth is None or pkt.bth.opcode != wire.ACKNOWLEDGE:
+            self.stats.drop("unsupported_opcode")  # READ responses: this NIC issues no READs
+            return
+        high = self.nxt  # one past the highest packet ever sent (retransmissions come from below)
+        seq = self._seq_of(pkt.bth.psn)
+        syn = aeth.syndrome
+        kind = syn >> 5
+        if kind == 0:  # ACK: everything up to and including psn
+            if not self.una - 1 <= seq < high:
+                self.stats.drop("ack_out_of_window")
+                return
+            self.stats.acks_received += 1
+            self._ack_through(seq + 1, now)
+            return
+        # NAKs carry the PSN the responder expects: everything before it arrived.
+        if not self.una <= seq <= high:
+            self.stats.drop("ack_out_of_window")
+            return
+        self.stats.naks_received += 1
+        self._ack_through(seq, now)
+        if self.error:
+            return
+        self.deadline = now + self.rto  # the responder is alive and answering: restart the clock
+        if kind == 1:  # RNR NAK: the responder had no receive posted
+            self._rnr_retries += 1
+            if self._rnr_retries > self.cfg.rnr_retry_limit:
+                self._fail(RNR_RETRY_EXC_ERR)
+                return
+            self._hold_until = now + self.cfg.rnr_delay
+            self._lose_from(seq)
+        elif syn == wire.NAK_PSN_SEQUENCE_ERROR:
+            if self.cfg.mode == "go-back-n":
+                self._lose_from(seq)
+            else:
+                self._on_sack(self._seq_of(aeth.msn), high, now)
+        elif syn == wire.NAK_REMOTE_ACCESS_ERROR:
+            self._fail(REM_ACCESS_ERR)
+        elif syn == wire.NAK_REMOTE_OPERATIONAL_ERROR:
+            self._fail(REM_OP_ERR)
+        else:
+            self._fail(REM_INV_REQ_ERR)
+
+    def _on_sack(self, sseq: int, high: int, now: float) -> None:
+        if not self.una < sseq < high:
+            return  # already covered by the cumulative ACK, or nonsense
+        entry = self._out.pop(sseq, None)
+        self._lost_set.discard(sseq)
+        if entry is None:
+            return
+        if not entry[2]:
+            self._rtt_sample(now - entry[1])
+        # RACK: whatever was sent well before the packet that got through is lost.
+        limit = entry[0] - self.cfg.reorder_window
+        out = self._out
+        while out:
+            s, e = next(iter(out.items()))
+            if e[0] >= limit:
+                break
+            del out[s]
+            self._mark_lost(s)
+
+    def _mark_lost(self, seq: int) -> None:
+        if seq not in self._lost_set:
+            self._lost_set.add(seq)
+            heapq.heappush(self._lost, seq)
+
+    def _lose_from(self, seq: int) -> None:
+        """Go back: everything in flight from ``seq`` on is resent (skipping what is held)."""
+        for s in [s for s in self._out if s >= seq]:
+            del self._out[s]
+            self._mark_lost(s)
+
+    def _ack_through(self, new_una: int, now: float) -> None:
+        if new_una <= self.una:
+            return
+        entry = self._out.get(new_una - 1)
+        if entry is not None and not entry[2]:  # Karn: never time a retransmission
+            self._rtt_sample(now - entry[1])
+        for s in range(self.una, new_una):
+            self._out.pop(s, None)
+            self._lost_set.discard(s)
+        self.una = new_una
+        self.nxt = max(self.nxt, new_una)
+        self._retries = 0
+        self._rnr_retries = 0
+        self.rto = self._rto_from_rtt()
+        self.deadline = now + self.rto if self._out or self._lost_set else None
+        # Complete every WR whose last packet is acknowledged.
+        while self._head < len(self._wrs):
+            wr = self._wrs[self._head]
+            if wr.first + wr.npkts > new_una:
+                break
+            self._head += 1
+            self.stats.bytes_acked += len(wr.data)
+            if wr.signaled:
+                self.send_cq.push(WorkCompletion(wr.wr_id, SUCCESS, wr.kind, self.qpn, len(wr.data)))
+            wr.data = memoryview(b"")  # let the caller's buffer go
+        if self._head > 4096:
+            del self._wrs[:self._head], self._firsts[:self._head]
+            self._head = 0
+
+    def _rtt_sample(self, rtt: float) -> None:
+        self.stats.rtt_samples += 1
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+
+    def _rto_from_rtt(self) -> float:
+        if self.srtt is None:
+            return self.cfg.rto_initial
+        return min(self.cfg.rto_max, max(self.cfg.rto_min, self.srtt + 4 * self.rttvar))
+
+    def on_timer(self, now: float) -> None:
+        if self.deadline is None or now < self.deadline or self.error:
+            return
+        if not self._out and not self._lost_set:
+            self.deadline = None
+            return
+        self._retries += 1
+        self.stats.timeouts += 1
+        if self._retries > self.cfg.retry_limit:
+            self._fail(RETRY_EXC_ERR)
+            return
+        self.rto = min(self.cfg.rto_max, self.rto * 2)
+        for s in list(self._out):
+            self._mark_lost(s)
+        self._out.clear()
+        self.deadline = now + self.rto
+
+    def _fail(self, status: str) -> None:
+        """The QP goes to the error state: the WR at the head fails, the rest are flushed."""
+        self.error = status
+        self.deadline = None
+        first = True
+        for wr in self._wrs[self._head:]:
+            self.send_cq.push(WorkCompletion(wr.wr_id, status if first else WR_FLUSH_ERR, wr.kind, self.qpn))
+            first = False
+        self._head = len(self._wrs)
+        self._out.clear()
+        self._lost.clear()
+        self._lost_set.clear()
+        while self._recvs:
+            self.recv_cq.push(WorkCompletion(self._recvs.popleft().wr_id, WR_FLUSH_ERR, "recv", self.qpn))
+
+    # --- responder ---
+
+    def on_request(self, pkt: Packet, now: float) -> None:
+        psn = pkt.bth.psn
+        d = psn_diff(psn, self.epsn)
+        st = self.stats
+        if d == 0:
+            ackreq = pkt.bth.ackreq
+            if not self._execute(pkt):
+                return
+            drained = False
+            held = self._held
+            while held and self.epsn in held:
+                p = held.pop(self.epsn)
+                ackreq |= p.bth.ackreq
+                drained = True
+                if not self._execute(p):
+                    return
+            if ackreq or drained:
+                self._send_ack()
+            return
+        if d > 0:
+            if d >= self.cfg.rx_window:
+                st.drop("psn_out_of_window")
+                return
+            if self.cfg.mode == "go-back-n":
+                st.drop("out_of_order")
+                if not self._nak_sent:
+                    self._nak_sent = True
+                    self._send_nak(wire.NAK_PSN_SEQUENCE_ERROR, self.epsn)
+                return
+            if psn in self._held:
+                st.drop("duplicate")
+            else:
+                self._held[psn] = pkt
+                st.held += 1
+            st.sacks_sent += 1
+            self._send_nak(wire.NAK_PSN_SEQUENCE_ERROR, self.epsn, msn=psn)
+            return
+        # Behind the expected PSN: a duplicate (a retransmission whose ACK was lost, or a replay).
+        if -d > self.cfg.rx_window:
+            st.drop("psn_out_of_window")
+            return
+        st.drop("duplicate")
+        if pkt.bth.ackreq:
+            self._send_ack()
+
+    def _execute(self, pkt: Packet) -> bool:
+        """Carry out the packet the responder expects; False if it was refused (NAK sent)."""
+        op = pkt.bth.opcode
+        body = pkt.payload
+        mtu = self.cfg.mtu
+        if _WRITE_BASE <= op <= wire.WRITE_ONLY_IMM:
+            step = op - _WRITE_BASE
+            if step in (_OP_FIRST, _OP_ONLY, _OP_ONLY_IMM):
+                reth = pkt.reth
+                if self._w_left:
+                    return self._refuse("invalid_request", wire.NAK_INVALID_REQUEST, pkt)
+                try:
+                    mr, off = self.pd.remote(reth.rkey, reth.va, reth.length, REMOTE_WRITE)
+                except AccessError as e:
+                    return self._refuse(e.reason, wire.NAK_REMOTE_ACCESS_ERROR, pkt)
+                self._w_buf = memoryview(mr.buffer)[off:off + reth.length]
+                self._w_off, self._w_left, self._w_len = 0, reth.length, reth.length
+            elif self._w_buf is None or not self._w_left:
+                return self._refuse("invalid_request", wire.NAK_INVALID_REQUEST, pkt)
+            last = step in (_OP_LAST, _OP_LAST_IMM, _OP_ONLY, _OP_ONLY_IMM)
+            if (not last and len(body) != mtu) or len(body) > self._w_left or (last and len(body) != self._w_left):
+                self._w_buf, self._w_left = None, 0
+                return self._refuse("bad_length", wire.NAK_INVALID_REQUEST, pkt)
+            if step in (_OP_LAST_IMM, _OP_ONLY_IMM) and not self._recvs:
+                return self._rnr(pkt)
+            self._w_buf[self._w_off:self._w_off + len(body)] = body
+            self._w_off += len(body)
+            self._w_left -= len(body)
+            if last:
+                self._w_buf = None
+                self.msn = (self.msn + 1) % PSN_MOD
+                if pkt.imm is not None:
+                    rwr = self._recvs.popleft()
+                    self.recv_cq.push(WorkCompletion(rwr.wr_id, SUCCESS, "recv_rdma_with_imm", self.qpn,
+                                                     self._w_len, pkt.imm))
+        elif _SEND_BASE <= op <= wire.SEND_ONLY_IMM:
+            step = op - _SEND_BASE
+            if step in (_OP_FIRST, _OP_ONLY, _OP_ONLY_IMM):
+                if self._r_wr is not None:
+                    return self._refuse("invalid_request", wire.NAK_INVALID_REQUEST, pkt)
+                if not self._recvs:
+                    return self._rnr(pkt)
+                self._r_wr, self._r_off = self._recvs.popleft(), 0
+            elif self._r_wr is None:
+                return self._refuse("invalid_request", wire.NAK_INVALID_REQUEST, pkt)
+            last = step in (_OP_LAST, _OP_LAST_IMM, _OP_ONLY, _OP_ONLY_IMM)
+            rwr = self._r_wr
+            if (not last and len(body) != mtu) or self._r_off + len(body) > len(rwr.buf):
+                self._r_wr = None
+                self.recv_cq.push(WorkCompletion(rwr.wr_id, LOC_LEN_ERR, "recv", self.qpn, self._r_off))
+                return self._refuse("bad_length", wire.NAK_INVALID_REQUEST, pkt)
+            rwr.buf[self._r_off:self._r_off + len(body)] = body
+            self._r_off += len(body)
+            if last:
+                self._r_wr = None
+                self.msn = (self.msn + 1) % PSN_MOD
+                self.recv_cq.push(WorkCompletion(rwr.wr_id, SUCCESS, "recv", self.qpn, self._r_off, pkt.imm))
+        else:
+            # READ requests and anything else a requester may not send us.
+            return self._refuse("unsupported_opcode", wire.NAK_INVALID_REQUEST, pkt)
+        self.epsn = (self.epsn + 1) % PSN_MOD
+        self._nak_sent = False
+        self.stats.delivered += 1
+        return True
+
+    def _refuse(self, reason: str, syndrome: int, pkt: Packet) -> bool:
+        self.stats.drop(reason)
+        self._send_nak(syndrome, pkt.bth.psn)
+        return False
+
+    def _rnr(self, pkt: Packet) -> bool:
+        self.stats.drop("rnr")
+        self._send_nak(wire.AETH_RNR_NAK | 1, pkt.bth.psn)
+        return False
+
+    def _send_ack(self) -> None:
+        self.stats.acks_sent += 1
+        self.outbox.append([_ACK.pack(wire.ACKNOWLEDGE, 0, wire.PKEY_DEFAULT, self.dqpn, (self.epsn - 1) % PSN_MOD,
+                                      (AETH_ACK_NO_CREDIT << 24) | self.msn)])
+
+    def _send_nak(self, syndrome: int, psn: int, msn: int | None = None) -> None:
+        self.stats.naks_sent += 1
+        self.outbox.append([_ACK.pack(wire.ACKNOWLEDGE, 0, wire.PKEY_DEFAULT, self.dqpn, psn,
+                                      (syndrome << 24) | (self.msn if msn is None else msn))])
+
+    # --- both ---
+
+    def receive(self, pkt: Packet, now: float) -> None:
+        """A packet parsed and addressed to this QP."""
+        op = pkt.bth.opcode
+        if op == wire.ACKNOWLEDGE or wire.READ_RESPONSE_FIRST <= op <= wire.READ_RESPONSE_ONLY:
+            self.on_response(pkt, now)
+        elif op == wire.CNP:
+            self.stats.drop("cnp_ignored")  # the reaction point comes with DCQCN
+        else:
+            self.on_request(pkt, now)
+
+
+__all__ = ["QueuePair", "QpConfig", "CompletionQueue", "WorkCompletion", "Aeth", "MODES"]
