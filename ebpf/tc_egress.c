@@ -7,7 +7,8 @@
  *     never drops and the accounting stays exact),
  *   - marks CE on ECT packets with WRED between kmin and kmax (probability up to pmax, every
  *     packet at kmax and above, as DCQCN's switches do), fixing the IP checksum,
- * and records the deepest queue it has seen.
+ * and records the deepest queue it has seen. On a border's port towards a long-haul path it
+ * also drops with the path's configured loss when no netem delay line applies it.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -75,6 +76,11 @@ int bp_tc_egress(struct __sk_buff *skb)
 	pdepth = (__s64)(q->enq_bytes - q->deq_bytes);
 	if (pdepth < 0)
 		pdepth = 0;
+	if (port->loss && bpf_get_prandom_u32() < port->loss) {
+		cnt->drop_loss++;
+		rc = TC_ACT_SHOT;
+		goto done;
+	}
 	if (depth + len > port->buffer) {
 		cnt->drop_buffer++;
 		rc = TC_ACT_SHOT;

@@ -171,7 +171,8 @@ def format_status(body: dict) -> list[str]:
         delay = (f"{units.format_duration(p['one_way_delay_s'])} one way" if p["delay_emulated"]
                  else f"NO DELAY (configured {units.format_duration(p['configured_one_way_delay_s'])}; --no-wan-delay)")
         lines.append(f"  {p['fiber']:<5} {p['distance_m'] / 1e3:g} km  {units.format_rate(p['real_rate_bps'])} "
-                     f"(emulated {units.format_rate(p['rate_bps'])})  loss {p['loss']:.3g}  "
+                     f"(emulated {units.format_rate(p['rate_bps'])})  loss {p['loss']:.3g}"
+                     f"{' (eBPF)' if p.get('loss_by') == 'ebpf' else ''}  "
                      f"corruption {p['corruption']:.3g}  {delay}")
     if body["rtt"]:
         lines.append("RTT measured now:")
@@ -284,6 +285,65 @@ def measure_link(name: str, src: str, dst: str, path_index: int | None, seconds:
     if result.cpu_steal > STEAL_WARNING:
         click.echo(f"WARNING: the hypervisor stole {result.cpu_steal:.0%} of this machine's CPU during the "
                    "measurement; shapers stall with it, so this figure understates the link")
+
+
+@main.group(name="run")
+def run_group() -> None:
+    """Run a job on a running fabric."""
+
+
+@run_group.command(name="transfer")
+@name_option
+@click.argument("src")
+@click.argument("dst")
+@click.option("--size", default="64MB", show_default=True, help="Bytes to move, e.g. 256MB.")
+@click.option("--qps", type=click.IntRange(1, 1024), default=None, help="Queue pairs [default: the topology's nic.qps_per_pair].")
+@click.option("--transport", type=click.Choice(["selective", "go-back-n"]), default=None,
+              help="Loss recovery [default: the topology's nic.transport].")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Give up after this many seconds.")
+@click.option("--json", "as_json", is_flag=True)
+@core
+def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, transport: str | None, timeout: float,
+                 as_json: bool) -> None:
+    """RDMA WRITE SIZE bytes from host SRC to host DST through the soft-NICs; report goodput,
+    completion time, retransmissions and timeouts, per QP, and check the data arrived intact."""
+    need_root("run transfer")
+    from .nic import transfer
+
+    fabric_plan = _running_plan(name)
+    try:
+        nbytes = units.parse_size(size)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--size")
+    qps = qps or fabric_plan.spec.nic.qps_per_pair
+    transport = transport or fabric_plan.spec.nic.transport
+    for host in (src, dst):
+        try:
+            if fabric_plan.node(host).role != "host":
+                raise click.BadParameter(f"{host} is a {fabric_plan.node(host).role}, not a host")
+        except KeyError:
+            raise click.BadParameter(f"no node {host!r} in fabric {name!r}")
+    r = transfer.run(fabric_plan, src, dst, nbytes, qps, transport, timeout=timeout)
+    if as_json:
+        click.echo(json.dumps(r.as_dict(), indent=2))
+    else:
+        click.echo(f"{src} -> {dst}: {units.format_size(r.size)} over {r.qps} QPs, {r.transport}, "
+                   f"RTT {r.rtt_s * 1e3:.2f} ms, line {units.format_rate(r.line_rate_bps)}")
+        click.echo(f"  {'intact' if r.intact else 'NOT INTACT'}{'' if r.complete else ', INCOMPLETE'}: "
+                   f"{r.seconds:.3f} s, goodput {units.format_rate(r.goodput_bps)} "
+                   f"({r.goodput_bps / r.line_rate_bps:.2f} of the line), {r.data_packets} packets, "
+                   f"{r.retransmits} retransmitted, {r.timeouts} timeouts")
+        click.echo(f"  {'QPN':>6} {'done s':>8} {'packets':>8} {'retx':>6} {'t/o':>4} {'srtt ms':>8} {'rto ms':>7}")
+        for q in r.sender["qps"]:
+            done = f"{q['completed_s']:.3f}" if q["completed_s"] is not None else "-"
+            srtt = f"{q['srtt_s'] * 1e3:.2f}" if q["srtt_s"] else "-"
+            click.echo(f"  {q['qpn']:>#6x} {done:>8} {q['data_packets']:>8} {q['retransmits']:>6} {q['timeouts']:>4} "
+                       f"{srtt:>8} {q['rto_s'] * 1e3:>7.1f}" + (f"  {q['error']}" if q["error"] else ""))
+        drops = {**r.sender["nic"]["dropped"], **{f"rx:{k}": v for k, v in r.receiver["nic"]["dropped"].items()}}
+        if drops:
+            click.echo("  refused by the NICs: " + ", ".join(f"{k} {v}" for k, v in sorted(drops.items())))
+    if not (r.intact and r.complete):
+        raise errors.MeasurementError("the transfer did not complete intact")
 
 
 def _has_delay_lines(name: str) -> bool:
@@ -406,7 +466,7 @@ def format_port_table(ports: list[dict], before: dict | None = None, interval: f
         old = before.get((p["node"], p["ifname"]))
         if old and interval and c:
             tx_now = units.format_rate((c["tx_bytes"] - old["counters"]["tx_bytes"]) * 8 / interval)
-        bad = sum(v for k, v in c.items() if k.startswith("drop_") and k != "drop_buffer")
+        bad = sum(v for k, v in c.items() if k.startswith("drop_") and k not in ("drop_buffer", "drop_loss"))
         lines.append(
             f"  {p['node'] + ':' + p['ifname']:<20} {units.format_rate(p['rate_bps'] or 0):>9} "
             f"{c.get('tx_pkts', qd.get('packets', 0)):>9} {tx_now:>10} {units.format_size(q.get('depth_bytes', 0)):>8} "

@@ -88,6 +88,10 @@ def fabric(f: "Fabric", measure_rtt: bool = True) -> dict:
             "configured_one_way_delay_s": p.delay_s, "delay_emulated": f.wan_delay,
             "real_rate_bps": p.rate_bps, "rate_bps": spec.emulated_rate(p.rate_bps),
             "loss": p.loss, "corruption": p.corruption, "ber": p.ber,
+            # Who drops with that loss: the path's netem, or without delay lines the border's
+            # eBPF egress (corruption needs netem).
+            "loss_by": ("netem" if f.wan_delay else "ebpf" if spec.ecmp.datapath == "ebpf" else None)
+            if p.loss else None,
         })
     out["datapath"] = spec.ecmp.datapath
     if f.datapath is not None:

@@ -261,6 +261,7 @@ class Fabric:
         """Build everything; on any failure remove what was built and raise."""
         started = time.monotonic()
         self.check_can_start()
+        self._check_loss_can_be_applied()
         try:
             self._build()
         except BaseException as e:
@@ -272,6 +273,16 @@ class Fabric:
                 raise
             raise FabricError(f"building fabric {self.plan.name!r} failed: {e}") from e
         self.up_seconds = time.monotonic() - started
+
+    def _check_loss_can_be_applied(self) -> None:
+        lossy = [p.index for p in self.plan.spec.wan_paths if p.loss or p.corruption]
+        if lossy and not self.wan_delay and (self.plan.spec.ecmp.datapath != "ebpf"
+                                             or any(p.corruption for p in self.plan.spec.wan_paths)):
+            raise CapabilityError(
+                f"long-haul paths {lossy} are configured lossy or corrupting, but without delay lines "
+                "(netem) only the eBPF datapath can drop packets, and nothing here can corrupt them",
+                "run with netem (the delay tier's VM: backplane vm run -- CMD), or set ecmp.datapath: ebpf "
+                "and leave corruption at 0")
 
     def _build(self) -> None:
         plan = self.plan
@@ -292,7 +303,9 @@ class Fabric:
             from .bpf.datapath import Datapath
 
             self.datapath = Datapath()
-            install.program(self.datapath, plan)
+            # Without delay lines (no netem) the long-haul paths' loss is applied by the borders'
+            # egress program instead, so a lossy path stays lossy.
+            install.program(self.datapath, plan, loss_in_ebpf=not self.wan_delay)
             install.attach(self.datapath, plan, {name: node.ipr for name, node in self.nodes.items()})
 
     def stop(self) -> None:

@@ -16,6 +16,8 @@ struct bp_port {
 	__u32 buffer;     /* bytes this port's egress queue holds before tail drop */
 	__u8 smac[6];     /* this port's MAC: the source of what it forwards */
 	__u8 dmac[6];     /* the MAC of the next router or host behind this port */
+	__u32 loss;       /* drop each packet with probability loss / 2^32: a long-haul path's loss
+			   * when no netem delay line is there to apply it (0: never) */
 };
 
 /* Fabric-wide settings. */
@@ -82,6 +84,7 @@ struct bp_counters {
 	__u64 ecn_marks;        /* ECT packets marked CE here */
 	__u64 drop_buffer;      /* tail drops: the egress buffer was full */
 	__u64 drop_no_port;     /* metadata named a port that is not in the port table */
+	__u64 drop_loss;        /* dropped as the long-haul path's configured loss */
 };
 
 #endif /* BP_STRUCTS_H */

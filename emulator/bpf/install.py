@@ -16,25 +16,30 @@ from . import structs as S
 from .datapath import Datapath
 
 
-def port_entry(plan: FabricPlan, port: Port) -> S.Port:
+def port_entry(plan: FabricPlan, port: Port, loss_in_ebpf: bool = False) -> S.Port:
+    """The port table's entry. With ``loss_in_ebpf`` (no netem delay lines), a border's port
+    towards a fiber drops with that long-haul path's configured loss."""
     node = plan.node(port.node)
     peer = plan.peer(port)
+    loss = 0.0
+    if loss_in_ebpf and plan.node(peer.node).role == "fiber":
+        loss = next(w.loss for w in plan.spec.wan_paths if w.index == plan.node(peer.node).index)
     switch = node.role in SWITCH_ROLES
     # The queue that drains into this port is the peer's egress, if the peer is a switch port.
     peer_queue = peer.ifindex if plan.node(peer.node).role in SWITCH_ROLES else 0
     buffer = port.egress.buffer_bytes if switch and isinstance(port.egress, Shaping) else 0
     return S.Port(node.uid, S.PORT_SWITCH if switch else 0, peer_queue, buffer, S.mac_bytes(port.mac),
-                  S.mac_bytes(plan.next_hop(port).mac))
+                  S.mac_bytes(plan.next_hop(port).mac), min(0xFFFFFFFF, round(loss * 2**32)))
 
 
-def program(datapath: Datapath, plan: FabricPlan) -> int:
+def program(datapath: Datapath, plan: FabricPlan, loss_in_ebpf: bool = False) -> int:
     """Write the plan's ports, routes and settings into the maps; returns the routes written."""
     spec = plan.spec
     datapath.set_config(spec.ecmp.hash, spec.emulated_size(spec.ecn.kmin), spec.emulated_size(spec.ecn.kmax),
                         spec.ecn.pmax)
     datapath.set_dscp_prio(spec.pfc.priority)
     for port in plan.ports():
-        datapath.set_port(port.ifindex, port_entry(plan, port))
+        datapath.set_port(port.ifindex, port_entry(plan, port, loss_in_ebpf))
     routes = 0
     for node in plan.nodes:
         if node.role not in SWITCH_ROLES:

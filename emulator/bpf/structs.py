@@ -32,6 +32,7 @@ class Port(ct.Structure):
         ("buffer", ct.c_uint32),
         ("smac", ct.c_uint8 * 6),
         ("dmac", ct.c_uint8 * 6),
+        ("loss", ct.c_uint32),
     ]
 
 
@@ -75,7 +76,7 @@ class Counters(ct.Structure):
     _fields_ = [(name, ct.c_uint64) for name in (
         "rx_pkts", "rx_bytes", "roce_pkts", "kernel_pkts", "no_route", "ttl_expired", "fragments",
         "drop_truncated", "drop_ip_version", "drop_ip_header", "drop_roce_header", "fwd_pkts",
-        "fwd_bytes", "tx_pkts", "tx_bytes", "ecn_marks", "drop_buffer", "drop_no_port",
+        "fwd_bytes", "tx_pkts", "tx_bytes", "ecn_marks", "drop_buffer", "drop_no_port", "drop_loss",
     )]
 
 

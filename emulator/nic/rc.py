@@ -65,7 +65,7 @@ class QpConfig:
     ackreq_every: int = 16  # the requester asks for an ACK at least this often
     reorder_window: int = 3  # selective: later transmissions that must get through before a hole counts as lost
     rto_initial: float = 0.25  # s, before any RTT sample (a cross-DC RTT is 30 ms)
-    rto_min: float = 0.002  # s: the socket loop cannot time much finer
+    rto_min: float = 0.010  # s: below this, scheduling stalls of a Python NIC on a busy host look like loss
     rto_max: float = 2.0
     retry_limit: int = 7  # timeouts without progress before the WR fails (IB's retry_cnt)
     rnr_retry_limit: int = 7
@@ -172,6 +172,7 @@ class QueuePair:
         self.end = 0  # one past the last packet posted
         self._out: OrderedDict[int, list] = OrderedDict()  # in flight, in transmission order: [txc, time, retx]
         self._txc = 0
+        self._req_seq = -1  # the highest packet sent with AckReq: the timer runs only for those
         self._lost: list[int] = []  # heap of packets to resend
         self._lost_set: set[int] = set()
         self.srtt: float | None = None
@@ -261,7 +262,7 @@ class QueuePair:
                 if self.nxt >= self.end or self.nxt - self.una >= cfg.rx_window:
                     break
                 seq = self.nxt
-            pkt = self._packet(seq, retx)
+            pkt, ackreq = self._packet(seq, retx)
             if self.pace is not None and not self.pace(now, len(pkt[1]) + len(pkt[0])):
                 if retx:
                     self._mark_lost(seq)
@@ -274,14 +275,18 @@ class QueuePair:
             self._out[seq] = [self._txc, now, retx]
             self._txc += 1
             out.append(pkt)
-        if out and self.deadline is None:
-            self.deadline = now + self.rto
+            if ackreq:
+                self._req_seq = max(self._req_seq, seq)
+                if self.deadline is None:
+                    # Only a packet that asked for an ACK is waiting for one; the others are
+                    # covered by the next AckReq (coalescing must not look like loss).
+                    self.deadline = now + self.rto
         return out
 
     def _wr_of(self, seq: int) -> _Wr:
         return self._wrs[bisect_right(self._firsts, seq, self._head) - 1]
 
-    def _packet(self, seq: int, retx: bool) -> tuple[bytes, memoryview | bytes, bytes]:
+    def _packet(self, seq: int, retx: bool) -> tuple[tuple[bytes, memoryview | bytes, bytes], bool]:
         wr = self._wr_of(seq)
         i = seq - wr.first
         n = wr.npkts
@@ -305,7 +310,7 @@ class QueuePair:
             hdr += _RETH.pack(wr.remote_va, wr.rkey, len(wr.data))
         if last and imm:
             hdr += _IMM.pack(wr.imm)
-        return hdr, payload, _PAD[pad]
+        return (hdr, payload, _PAD[pad]), ackreq
 
     # --- requester: ACKs, NAKs, timer ---
 
@@ -400,7 +405,7 @@ class QueuePair:
         self._retries = 0
         self._rnr_retries = 0
         self.rto = self._rto_from_rtt()
-        self.deadline = now + self.rto if self._out or self._lost_set else None
+        self.deadline = now + self.rto if (self._out or self._lost_set) and self._req_seq >= new_una else None
         # Complete every WR whose last packet is acknowledged.
         while self._head < len(self._wrs):
             wr = self._wrs[self._head]

@@ -217,6 +217,23 @@ def test_egress_tail_drops_at_the_buffer(programmed):
     assert run_tc(programmed, TC_EGRESS_PROG, data).retval == TC_ACT_OK
 
 
+@pytest.mark.parametrize("loss", [0.0, 0.25, 1.0])
+def test_egress_drops_with_the_paths_loss(programmed, loss):
+    """A border's port towards a fiber with no netem: drops with the configured probability,
+    each counted as loss, not as a full buffer."""
+    entry = S.Port(NODE_ID, S.PORT_SWITCH, 0, 1 << 30, S.mac_bytes(MAC_IN), S.mac_bytes(MAC_PEER),
+                   min(0xFFFFFFFF, round(loss * 2**32)))
+    programmed.set_port(IN_PORT, entry)
+    reset_port(programmed, IN_PORT)
+    n, dropped = 4000, 0
+    for _ in range(n):
+        dropped += run_tc(programmed, TC_EGRESS_PROG, roce()).retval == TC_ACT_SHOT
+    c = programmed.counters(IN_PORT)
+    assert c["drop_loss"] == dropped and c["drop_buffer"] == 0 and c["tx_pkts"] == n - dropped
+    sigma = (loss * (1 - loss) / n) ** 0.5
+    assert abs(dropped / n - loss) <= 5 * sigma + 1e-9, dropped
+
+
 def test_egress_of_a_non_switch_port_is_untouched(programmed):
     reset_port(programmed, FIBER_PORT)
     data = roce()

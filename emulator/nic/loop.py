@@ -1,0 +1,252 @@
+"""The soft-NIC's socket loop: UDP 4791 in, many QPs out, paced at the line rate.
+
+One process per host namespace runs one ``SoftNic``. Receiving: one socket bound to port 4791
+takes every RoCEv2 packet; each is ICRC-checked (the IPv4 and UDP headers it covers are rebuilt
+from the datagram's source and length: Linux sends DF datagrams from unconnected sockets with IP
+ID 0, and TOS, TTL and checksums are masked), parsed, and handed to its QP after the QPN and the
+peer's address are checked. Everything refused is counted by reason; no packet can raise out of
+the loop. Sending: each QP has its own socket bound to its own UDP source port (the entropy the
+switches hash), sending ECT(0) with DF. A token bucket at the host link's rate stands in for
+the NIC's serialiser, so the host's small egress queue is never overrun; ``QueuePair.pace`` is
+the per-QP hook DCQCN drives.
+
+No asyncio: a select() per idle period and plain non-blocking reads in batches (asyncio costs
+about 8x per datagram here); payloads go out by scatter-gather sendmsg straight from the
+registered buffer, with no copy in Python.
+"""
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import time
+import zlib
+from dataclasses import dataclass, field
+
+from . import wire
+from .memory import ProtectionDomain
+from .rc import CompletionQueue, QpConfig, QueuePair
+
+SO_NO_CHECK = 11  # RoCEv2 sends UDP checksum 0
+IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2  # DF on every datagram (and so IP ID 0 when unconnected)
+IP_RECVTOS = 13
+SO_RCVBUFFORCE = 33  # root may exceed net.core.rmem_max (Python does not name it)
+SO_RXQ_OVFL = 40  # the kernel tells us how many datagrams it dropped on a full receive buffer
+DSCP_DATA = 26
+ECT0, CE = 0b10, 0b11
+SPORT_BASE = 49152  # RoCEv2 source ports come from the dynamic range
+QPN_BASE = 0x100
+RX_BATCH = 128  # datagrams read per turn before anything is sent
+TX_BATCH = 16  # packets per QP per turn: keeps QPs interleaved on the wire
+RCVBUF = 32 << 20
+WIRE_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4, UDP: what the host link carries besides the transport
+_FF8 = b"\xff" * 8
+_ICRC = struct.Struct("<I")
+_CMSG = 2 * socket.CMSG_SPACE(4)
+
+
+@dataclass
+class NicCounters:
+    rx_packets: int = 0
+    tx_packets: int = 0
+    rx_ce: int = 0
+    socket_overflow: int = 0  # datagrams the kernel dropped before the NIC could read them
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> packets refused before any QP
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+def _masked_headers(src: str, dst: str, sport: int, tlen: int) -> int:
+    """The ICRC's running CRC over the pseudo-LRH and the masked IPv4/UDP headers."""
+    ip, udp = wire.ipv4_udp_headers(src, dst, sport, tlen, tos=0xFF, ttl=0xFF)
+    ip = ip[:10] + b"\xff\xff" + ip[12:]
+    return zlib.crc32(_FF8 + ip + udp[:6] + b"\xff\xff")
+
+
+class SoftNic:
+    def __init__(self, ip: str, line_rate_bps: float = 0.0, burst_bytes: int = 64 << 10,
+                 clock=time.monotonic) -> None:
+        self.ip = ip
+        self.pd = ProtectionDomain()
+        self.clock = clock
+        self.counters = NicCounters()
+        self.qps: dict[int, QueuePair] = {}
+        self._peer: dict[int, tuple[str, socket.socket, int]] = {}  # qpn -> (peer ip, socket, sport)
+        self._rate = line_rate_bps / 8  # bytes per second; 0: unpaced
+        self._burst = burst_bytes
+        self._tokens = float(burst_bytes)
+        self._refilled = clock()
+        self._crc_cache: dict[tuple, int] = {}
+        self._rr = 0
+        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE if _root() else socket.SO_RCVBUF, RCVBUF)
+        self.rx.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+        self.rx.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
+        self.rx.bind((ip, wire.ROCE_PORT))
+        self.rx.setblocking(False)
+        self._rxbuf = bytearray(65536)
+        self._rxview = memoryview(self._rxbuf)
+
+    def close(self) -> None:
+        for _, sock, _ in self._peer.values():
+            sock.close()
+        self.rx.close()
+
+    # --- verbs ---
+
+    def create_qp(self, peer_ip: str, config: QpConfig | None = None, send_cq: CompletionQueue | None = None,
+                  recv_cq: CompletionQueue | None = None, initial_psn: int = 0) -> QueuePair:
+        qpn = QPN_BASE + len(self.qps)
+        qp = QueuePair(qpn, self.pd, send_cq or CompletionQueue(), recv_cq or CompletionQueue(), config,
+                       initial_psn)
+        sport = SPORT_BASE + qpn % 16384
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (DSCP_DATA << 2) | ECT0)
+        s.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+        s.bind((self.ip, sport))
+        self.qps[qpn] = qp
+        self._peer[qpn] = (peer_ip, s, sport)
+        return qp
+
+    # --- the loop ---
+
+    def _icrc_prefix(self, src: str, dst: str, sport: int, tlen: int) -> int:
+        key = (src, dst, sport, tlen)
+        crc = self._crc_cache.get(key)
+        if crc is None:
+            if len(self._crc_cache) > 4096:  # random sources (a fuzzer) must not grow it forever
+                self._crc_cache.clear()
+            crc = self._crc_cache[key] = _masked_headers(src, dst, sport, tlen)
+        return crc
+
+    def _send(self, qpn: int, parts) -> int:
+        peer, sock, sport = self._peer[qpn]
+        tlen = sum(len(p) for p in parts) + wire.ICRC_LEN
+        crc = self._icrc_prefix(self.ip, peer, sport, tlen)
+        hdr = parts[0]
+        crc = zlib.crc32(hdr[5:], zlib.crc32(b"\xff", zlib.crc32(hdr[:4], crc)))
+        for p in parts[1:]:
+            crc = zlib.crc32(p, crc)
+        sock.sendmsg([*parts, _ICRC.pack(crc)], [], 0, (peer, wire.ROCE_PORT))
+        self.counters.tx_packets += 1
+        return tlen + WIRE_OVERHEAD
+
+    def _receive(self, now: float) -> int:
+        n_got = 0
+        view = self._rxview
+        c = self.counters
+        for _ in range(RX_BATCH):
+            try:
+                n, anc, _, addr = self.rx.recvmsg_into([self._rxbuf], _CMSG)
+            except BlockingIOError:
+                break
+            n_got += 1
+            c.rx_packets += 1
+            try:
+                self._input(view[:n], addr, anc, now)
+            except wire.Malformed as e:
+                c.drop(e.reason)
+            except Exception:  # a bug must cost one packet, never the NIC: counted, and tests assert none
+                c.drop("internal_error")
+        return n_got
+
+    def _input(self, data: memoryview, addr: tuple, anc: list, now: float) -> None:
+        for level, kind, value in anc:
+            if level == socket.IPPROTO_IP and kind == socket.IP_TOS and value and value[0] & 3 == CE:
+                self.counters.rx_ce += 1
+            elif level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(value) >= 4:
+                self.counters.socket_overflow = struct.unpack("=I", value[:4])[0]
+        n = len(data)
+        if n < wire.BTH_LEN + wire.ICRC_LEN:
+            raise wire.Malformed("truncated", f"{n} bytes")
+        src, sport = addr[0], addr[1]
+        crc = self._icrc_prefix(src, self.ip, sport, n)
+        crc = zlib.crc32(data[5:n - 4], zlib.crc32(b"\xff", zlib.crc32(data[:4], crc)))
+        if _ICRC.pack(crc) != data[n - 4:n]:
+            raise wire.Malformed("bad_icrc")
+        pkt = wire.parse(data)
+        qp = self.qps.get(pkt.bth.dqpn)
+        if qp is None:
+            raise wire.Malformed("unknown_qp", hex(pkt.bth.dqpn))
+        if src != self._peer[qp.qpn][0] or not qp.connected:
+            raise wire.Malformed("wrong_source", src)  # RC: only the connected peer may talk to a QP
+        qp.receive(pkt, now)
+        if qp.outbox:  # answer at once: an ACK held back behind a batch looks like loss to the peer
+            for parts in qp.outbox:
+                self._tokens -= self._send(qp.qpn, parts)
+            qp.outbox.clear()
+
+    def _refill(self, now: float) -> None:
+        if self._rate:
+            self._tokens = min(self._burst, self._tokens + (now - self._refilled) * self._rate)
+        self._refilled = now
+
+    def step(self, max_wait: float = 0.05) -> None:
+        """One turn: read what has come, send what may go, fire timers, or sleep until one of
+        those can happen (at most ``max_wait``)."""
+        now = self.clock()
+        got = self._receive(now)
+        self._refill(now)
+        sent = 0
+        for qpn, qp in self.qps.items():
+            if qp.outbox:
+                for parts in qp.outbox:
+                    self._tokens -= self._send(qpn, parts)
+                qp.outbox.clear()
+        # Data, round robin over QPs while the line has tokens; each turn starts one QP further
+        # on, so no QP has the first claim on the line.
+        order = list(self.qps.items())
+        if order:
+            self._rr = (self._rr + 1) % len(order)
+            order = order[self._rr:] + order[:self._rr]
+        more = True
+        while more and (not self._rate or self._tokens > 0):
+            more = False
+            for qpn, qp in order:
+                if self._rate and self._tokens <= 0:
+                    break
+                budget = TX_BATCH if not self._rate else max(1, min(TX_BATCH, int(self._tokens // 4200) + 1))
+                pkts = qp.transmit(now, budget)
+                for parts in pkts:
+                    self._tokens -= self._send(qpn, parts)
+                sent += len(pkts)
+                more |= len(pkts) == budget
+            if self._rate:
+                now = self.clock()
+                self._refill(now)
+        for qp in self.qps.values():
+            if qp.deadline is not None and qp.deadline <= now:
+                qp.on_timer(now)
+        if got or sent:
+            return
+        # Idle: sleep until a packet comes, the line has tokens again, or a timer is due.
+        wait = max_wait
+        for qp in self.qps.values():
+            if qp.deadline is not None:
+                wait = min(wait, qp.deadline - now)
+            if self._rate and self._tokens <= 0 and qp.nxt < qp.end:
+                wait = min(wait, -self._tokens / self._rate)
+        if wait > 0:
+            select.select([self.rx], [], [], wait)
+
+    def run(self, done, timeout: float) -> bool:
+        """Turn until ``done()``; False if ``timeout`` seconds passed first."""
+        end = self.clock() + timeout
+        while not done():
+            if self.clock() > end:
+                return False
+            self.step()
+        return True
+
+    def stats(self) -> dict:
+        return {"rx_packets": self.counters.rx_packets, "tx_packets": self.counters.tx_packets,
+                "rx_ce": self.counters.rx_ce, "socket_overflow": self.counters.socket_overflow,
+                "dropped": dict(self.counters.dropped)}
+
+
+def _root() -> bool:
+    import os
+
+    return os.geteuid() == 0
