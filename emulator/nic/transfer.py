@@ -49,6 +49,16 @@ def _shares(size: int, qps: int) -> list[tuple[int, int]]:
     return out
 
 
+def pattern(size: int, seed: int) -> bytearray:
+    """Seeded random bytes, made 64 MiB at a time (randbytes refuses 256 MiB and more at once)."""
+    out = bytearray(size)
+    step = 64 << 20
+    for i, off in enumerate(range(0, size, step)):
+        n = min(step, size - off)
+        out[off:off + n] = random.Random(seed * 1_000_003 + i).randbytes(n)
+    return out
+
+
 def _emit(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -105,7 +115,7 @@ def send(a: argparse.Namespace) -> int:
     nic = SoftNic(a.ip, a.rate, a.burst)
     cfg = _config(a.mode, a.rate, a.rtt)
     qps = [nic.create_qp(a.peer, cfg, initial_psn=random.randrange(1 << 24)) for _ in range(a.qps)]
-    data = random.Random(a.seed).randbytes(a.size)
+    data = pattern(a.size, a.seed)
     digest = hashlib.sha256(data).hexdigest()
     _emit({"ready": {"qps": [{"qpn": q.qpn, "psn": q.ipsn} for q in qps]}})
     peer = _read()
@@ -177,8 +187,9 @@ def _host_port(plan, host: str):
 
 
 def run(plan, src: str, dst: str, size: int, qps: int, transport: str, timeout: float = 300.0,
-        chunk: int = CHUNK, seed: int = 1) -> TransferResult:
-    """Move ``size`` bytes from host ``src`` to host ``dst`` over ``qps`` QPs and check them."""
+        chunk: int = CHUNK, seed: int = 1, rate_bps: float | None = None) -> TransferResult:
+    """Move ``size`` bytes from host ``src`` to host ``dst`` over ``qps`` QPs and check them.
+    The NICs send at the host link's rate, or at ``rate_bps`` if that is given."""
     from .. import measure, netns
     from ..errors import MeasurementError
 
@@ -186,7 +197,7 @@ def run(plan, src: str, dst: str, size: int, qps: int, transport: str, timeout: 
         raise MeasurementError(f"transport {transport!r}: use one of {', '.join(MODES)}")
     port = _host_port(plan, src)
     _host_port(plan, dst)
-    rate = port.egress.rate_bps
+    rate = rate_bps or port.egress.rate_bps
     src_ip, dst_ip = str(port.address.ip), str(plan.host_address(dst))
     rtt = measure.rtt(plan, src, dst, count=3, interval=0.05).min_s
     # The NIC's serialiser may run ahead of the line by what the host's egress queue holds.
