@@ -445,9 +445,17 @@ class QueuePair:
             self._fail(RETRY_EXC_ERR)
             return
         self.rto = min(self.cfg.rto_max, self.rto * 2)
-        for s in list(self._out):
-            self._mark_lost(s)
-        self._out.clear()
+        if self.cfg.mode == "go-back-n":
+            for s in list(self._out):
+                self._mark_lost(s)
+            self._out.clear()
+        else:
+            # Selective: resend only the oldest packet outstanding (the hole everything waits on);
+            # what else is missing shows up in the SACKs its retransmission brings back.
+            oldest = min(self._out) if self._out else None
+            if oldest is not None:
+                del self._out[oldest]
+                self._mark_lost(oldest)
         self.deadline = now + self.rto
 
     def _fail(self, status: str) -> None:
