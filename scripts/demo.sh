@@ -82,6 +82,9 @@ PY
 rm -rf "$tmp"
 "$bp" stats --name "$name" | grep -E "per long-haul path|fidelity|NOT TRUSTWORTHY|^  - "
 
+say "backplane run transfer --name $name east-host0 west-host0 --size 32MB --qps 16  (RDMA WRITEs through the soft-NICs)"
+"$bp" run transfer --name "$name" east-host0 west-host0 --size 32MB --qps 16 --transport selective
+
 say "backplane down --name $name"
 "$bp" down --name "$name"
 trap - EXIT
