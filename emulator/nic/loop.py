@@ -12,7 +12,10 @@ the per-QP hook DCQCN drives.
 
 No asyncio: a select() per idle period and plain non-blocking reads in batches (asyncio costs
 about 8x per datagram here); payloads go out by scatter-gather sendmsg straight from the
-registered buffer, with no copy in Python.
+registered buffer, with no copy in Python. No UDP GSO either: Linux refuses a UDP_SEGMENT send
+on a socket that sends checksum 0 (EINVAL: segmentation needs checksum offload), and RoCEv2
+sends checksum 0; Python has no sendmmsg. So each packet is one sendmsg, and the loop sends a
+QP's packets back to back between reads.
 """
 from __future__ import annotations
 
