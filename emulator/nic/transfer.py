@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import random
+import select
 import subprocess
 import sys
 import time
@@ -101,8 +102,6 @@ def serve(a: argparse.Namespace) -> int:
 
     ok = nic.run(finished, a.timeout)
     # Stay up until told: the sender may still need ACKs for its last packets.
-    import select
-
     while not select.select([sys.stdin], [], [], 0)[0]:
         nic.step(0.01)
     digest = hashlib.sha256(mr.buffer).hexdigest()
@@ -217,6 +216,8 @@ def run(plan, src: str, dst: str, size: int, qps: int, transport: str, timeout: 
         return p, json.loads(line)["ready"]
 
     def result(p: subprocess.Popen, host: str, wait: float) -> dict:
+        if not select.select([p.stdout], [], [], wait)[0]:
+            raise MeasurementError(f"soft-NIC on {host} gave no result within {wait:g} s")
         line = p.stdout.readline()
         if not line:
             raise MeasurementError(f"soft-NIC on {host} ended without a result: {p.stderr.read().strip()[-2000:]}")
