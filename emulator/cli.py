@@ -339,6 +339,9 @@ def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, tran
             srtt = f"{q['srtt_s'] * 1e3:.2f}" if q["srtt_s"] else "-"
             click.echo(f"  {q['qpn']:>#6x} {done:>8} {q['data_packets']:>8} {q['retransmits']:>6} {q['timeouts']:>4} "
                        f"{srtt:>8} {q['rto_s'] * 1e3:>7.1f}" + (f"  {q['error']}" if q["error"] else ""))
+        dcqcn = fabric_plan.spec.nic.dcqcn
+        note = f"; the topology's nic.dcqcn {dcqcn!r} is not applied to transfers yet" if dcqcn != "off" else ""
+        click.echo(f"  rate control: {r.rate_control}{note}")
         drops = {**r.sender["nic"]["dropped"], **{f"rx:{k}": v for k, v in r.receiver["nic"]["dropped"].items()}}
         if drops:
             click.echo("  refused by the NICs: " + ", ".join(f"{k} {v}" for k, v in sorted(drops.items())))

@@ -189,3 +189,35 @@ class NotificationPoint:
         self._last = now
         self.cnps += 1
         return True
+
+
+class RatePacer:
+    """The pacer a QP's ``pace`` hook calls before each packet: a token bucket at the reaction
+    point's current rate, ``burst`` bytes deep. Every byte it lets go also feeds the byte
+    counter."""
+
+    def __init__(self, rp: ReactionPoint, burst: int, overhead: int = 4 + 42) -> None:
+        self.rp = rp
+        self.burst = burst
+        self.overhead = overhead  # ICRC, UDP, IPv4, Ethernet: the hook is told the transport bytes
+        self.tokens = float(burst)
+        self.last: float | None = None
+
+    def _refill(self, now: float) -> None:
+        if self.last is not None and now > self.last:
+            self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rp.rate_bps / 8)
+        self.last = now if self.last is None else max(self.last, now)
+
+    def __call__(self, now: float, nbytes: int) -> bool:
+        self.rp.advance(now)
+        self._refill(now)
+        if self.tokens < 0:
+            return False
+        self.tokens -= nbytes + self.overhead
+        self.rp.on_sent(nbytes + self.overhead, now)
+        return True
+
+    def wait(self, now: float) -> float:
+        """Seconds until the next packet may go (0: now)."""
+        self._refill(now)
+        return 0.0 if self.tokens >= 0 else -self.tokens * 8 / self.rp.rate_bps

@@ -26,7 +26,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
-from . import wire
+from . import dcqcn, wire
 from .memory import ProtectionDomain
 from .rc import CompletionQueue, QpConfig, QueuePair
 
@@ -36,6 +36,7 @@ IP_RECVTOS = 13
 SO_RCVBUFFORCE = 33  # root may exceed net.core.rmem_max (Python does not name it)
 SO_RXQ_OVFL = 40  # the kernel tells us how many datagrams it dropped on a full receive buffer
 DSCP_DATA = 26
+DSCP_CNP = 48  # CNPs go out non-ECT with DSCP 48, as NICs send them
 ECT0, CE = 0b10, 0b11
 SPORT_BASE = 49152  # RoCEv2 source ports come from the dynamic range
 QPN_BASE = 0x100
@@ -69,8 +70,12 @@ def _masked_headers(src: str, dst: str, sport: int, tlen: int) -> int:
 
 class SoftNic:
     def __init__(self, ip: str, line_rate_bps: float = 0.0, burst_bytes: int = 64 << 10,
-                 clock=time.monotonic) -> None:
+                 clock=time.monotonic, cc: dcqcn.Profile | None = None) -> None:
         self.ip = ip
+        # DCQCN: with a profile (already scaled), each QP gets a reaction point and pacer for
+        # what it sends and a notification point for what it receives.
+        self.cc = cc if cc is not None and cc.enabled else None
+        self._np: dict[int, dcqcn.NotificationPoint] = {}
         self.pd = ProtectionDomain()
         self.clock = clock
         self.counters = NicCounters()
@@ -111,6 +116,10 @@ class SoftNic:
         s.bind((self.ip, sport))
         self.qps[qpn] = qp
         self._peer[qpn] = (peer_ip, s, sport)
+        if self.cc is not None:
+            qp.rp = dcqcn.ReactionPoint(self.cc, self._rate * 8 or 1e12, self.clock())
+            qp.pace = dcqcn.RatePacer(qp.rp, 2 * (4096 + 100))
+            self._np[qpn] = dcqcn.NotificationPoint(self.cc)
         return qp
 
     # --- the loop ---
@@ -124,17 +133,32 @@ class SoftNic:
             crc = self._crc_cache[key] = _masked_headers(src, dst, sport, tlen)
         return crc
 
-    def _send(self, qpn: int, parts) -> int:
-        peer, sock, sport = self._peer[qpn]
+    def _icrc(self, peer: str, sport: int, parts) -> bytes:
+        """The ICRC of a packet (headers, payload, pad) we send to ``peer`` from ``sport``."""
         tlen = sum(len(p) for p in parts) + wire.ICRC_LEN
         crc = self._icrc_prefix(self.ip, peer, sport, tlen)
         hdr = parts[0]
         crc = zlib.crc32(hdr[5:], zlib.crc32(b"\xff", zlib.crc32(hdr[:4], crc)))
         for p in parts[1:]:
             crc = zlib.crc32(p, crc)
-        sock.sendmsg([*parts, _ICRC.pack(crc)], [], 0, (peer, wire.ROCE_PORT))
+        return _ICRC.pack(crc)
+
+    def _send(self, qpn: int, parts) -> int:
+        peer, sock, sport = self._peer[qpn]
+        icrc = self._icrc(peer, sport, parts)
+        sock.sendmsg([*parts, icrc], [], 0, (peer, wire.ROCE_PORT))
         self.counters.tx_packets += 1
-        return tlen + WIRE_OVERHEAD
+        return sum(len(p) for p in parts) + wire.ICRC_LEN + WIRE_OVERHEAD
+
+    def _send_cnp(self, qp) -> None:
+        """A congestion notification to the QP's peer: BECN set, non-ECT, DSCP 48."""
+        peer, sock, sport = self._peer[qp.qpn]
+        body = wire.build(wire.Bth(wire.CNP, qp.dqpn, 0, becn=True))
+        tos = struct.pack("=i", DSCP_CNP << 2)
+        sock.sendmsg([body, self._icrc(peer, sport, [body])], [(socket.IPPROTO_IP, socket.IP_TOS, tos)], 0,
+                     (peer, wire.ROCE_PORT))
+        qp.stats.cnps_sent += 1
+        self.counters.tx_packets += 1
 
     def _receive(self, now: float) -> int:
         n_got = 0
@@ -156,9 +180,11 @@ class SoftNic:
         return n_got
 
     def _input(self, data: memoryview, addr: tuple, anc: list, now: float) -> None:
+        ce = False
         for level, kind, value in anc:
             if level == socket.IPPROTO_IP and kind == socket.IP_TOS and value and value[0] & 3 == CE:
                 self.counters.rx_ce += 1
+                ce = True
             elif level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(value) >= 4:
                 self.counters.socket_overflow = struct.unpack("=I", value[:4])[0]
         n = len(data)
@@ -176,6 +202,8 @@ class SoftNic:
         if src != self._peer[qp.qpn][0] or not qp.connected:
             raise wire.Malformed("wrong_source", src)  # RC: only the connected peer may talk to a QP
         qp.receive(pkt, now)
+        if ce and pkt.bth.opcode <= wire.WRITE_ONLY_IMM and qp.qpn in self._np and self._np[qp.qpn].on_ce(now):
+            self._send_cnp(qp)
         if qp.outbox:  # answer at once: an ACK held back behind a batch looks like loss to the peer
             for parts in qp.outbox:
                 self._tokens -= self._send(qp.qpn, parts)
@@ -231,6 +259,10 @@ class SoftNic:
                 wait = min(wait, qp.deadline - now)
             if self._rate and self._tokens <= 0 and qp.nxt < qp.end:
                 wait = min(wait, -self._tokens / self._rate)
+            if isinstance(qp.pace, dcqcn.RatePacer) and qp.nxt < qp.end:
+                paced = qp.pace.wait(now)
+                if paced > 0:
+                    wait = min(wait, paced)
         if wait > 0:
             select.select([self.rx], [], [], wait)
 

@@ -104,6 +104,8 @@ class QpStats:
     bytes_acked: int = 0
     delivered: int = 0  # responder: packets executed (each PSN once)
     held: int = 0  # responder: out-of-order packets kept (selective)
+    cnps_received: int = 0  # requester: congestion notifications for this QP
+    cnps_sent: int = 0  # responder: congestion notifications sent to the peer
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> packets
 
     def drop(self, reason: str) -> None:
@@ -183,6 +185,7 @@ class QueuePair:
         self._rnr_retries = 0
         self._hold_until = 0.0
         self.pace = None  # optional callable(now, nbytes) -> bool: may this packet go now (DCQCN's pacer)
+        self.rp = None  # optional dcqcn.ReactionPoint: CNPs for this QP go to it
         # Responder.
         self.epsn = 0
         self.msn = 0
@@ -613,7 +616,11 @@ class QueuePair:
         if op == wire.ACKNOWLEDGE or wire.READ_RESPONSE_FIRST <= op <= wire.READ_RESPONSE_ONLY:
             self.on_response(pkt, now)
         elif op == wire.CNP:
-            self.stats.drop("cnp_ignored")  # the reaction point comes with DCQCN
+            if self.rp is None:
+                self.stats.drop("cnp_ignored")  # no rate control on this QP (DCQCN off)
+            else:
+                self.stats.cnps_received += 1
+                self.rp.on_cnp(now)
         else:
             self.on_request(pkt, now)
 

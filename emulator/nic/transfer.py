@@ -170,6 +170,9 @@ class TransferResult:
     goodput_bps: float
     line_rate_bps: int
     rtt_s: float
+    # Rate control the NICs ran. DCQCN's state machines exist (nic/dcqcn.py) but transfers do
+    # not run them yet, whatever the topology's nic.dcqcn says: reported, not implied.
+    rate_control: str
     retransmits: int
     timeouts: int
     data_packets: int
@@ -260,7 +263,7 @@ def run(plan, src: str, dst: str, size: int, qps: int, transport: str, timeout: 
     qsum = lambda key: sum(q[key] for q in sent["qps"])  # noqa: E731
     return TransferResult(src, dst, transport, size, qps, intact=sent["sha256"] == got["sha256"] and got["complete"],
                           complete=sent["complete"], seconds=sent["seconds"], goodput_bps=sent["goodput_bps"],
-                          line_rate_bps=rate, rtt_s=rtt, retransmits=qsum("retransmits"), timeouts=qsum("timeouts"),
+                          line_rate_bps=rate, rtt_s=rtt, rate_control="none (line-rate pacing only)", retransmits=qsum("retransmits"), timeouts=qsum("timeouts"),
                           data_packets=qsum("data_packets"), sender=sent, receiver=got)
 
 

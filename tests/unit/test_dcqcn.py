@@ -131,3 +131,16 @@ def test_profiles_scale_and_take_overrides_field_by_field():
     with pytest.raises(ValueError, match="use one of"):
         profile("fast", L)
     assert set(PROFILE_NAMES) == {"paper", "nvidia", "hpcc-ns3", "off"}
+
+
+def test_the_pacer_holds_a_qp_to_its_current_rate():
+    from emulator.nic.dcqcn import RatePacer
+
+    rp = ReactionPoint(profile("paper", 8 * MBPS), 8 * MBPS)  # 1 MB/s
+    pacer = RatePacer(rp, burst=10_000, overhead=0)
+    assert pacer(0.0, 6_000) and pacer(0.0, 6_000)  # the burst, and one packet into debt
+    assert not pacer(0.0, 6_000)
+    assert pacer.wait(0.0) == pytest.approx(2_000 / 1e6)
+    assert not pacer(0.0019, 6_000) and pacer(0.002, 6_000)
+    rp.on_cnp(0.002)  # half the rate: the debt takes twice as long to pay
+    assert pacer.wait(0.002) == pytest.approx(6_000 / 0.5e6)
