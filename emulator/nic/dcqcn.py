@@ -144,21 +144,24 @@ class ReactionPoint:
 
     def advance(self, now: float) -> None:
         """Fire every alpha decay and timer event due by ``now``, in time order (alpha first
-        when both fall on the same instant)."""
+        when both fall on the same instant). Runs of alpha decays are applied in one step: at
+        a 1 us period (NVIDIA's) one by one would cost a million steps a second."""
         if not self.p.enabled:
             return
-        while True:
-            t = min(self._next_alpha, self._next_timer)
-            if t > now + EPS:
-                break
-            if self._next_alpha <= self._next_timer + EPS:
-                self.alpha *= 1 - self.p.g
-                self._next_alpha += self.p.alpha_period_s
-            else:
-                self.i += 1
-                self._next_timer += self.p.timer_s
-                self._increase()
+        while self._next_timer <= now + EPS:
+            t = self._next_timer
+            self._decay_through(t)
+            self.i += 1
+            self._next_timer += self.p.timer_s
+            self._increase()
+        self._decay_through(now)
         self.now = max(self.now, now)
+
+    def _decay_through(self, t: float) -> None:
+        if self._next_alpha <= t + EPS:
+            n = int((t + EPS - self._next_alpha) // self.p.alpha_period_s) + 1
+            self.alpha *= (1 - self.p.g) ** n
+            self._next_alpha += n * self.p.alpha_period_s
 
     def _increase(self) -> None:
         p = self.p
