@@ -21,7 +21,7 @@ def payload(n: int, seed: int = 1) -> bytes:
 
 
 def write_job(mode: str, size: int, fate=None, wrs: int = 1, delay: float = 0.001, a_psn: int = 0,
-              imm: int | None = None, **cfg):
+              imm: int | None = None, max_time: float = 60.0, **cfg):
     """A writes ``size`` bytes (in ``wrs`` work requests) into a region of B; returns what to check."""
     a, b = pair(mode, a_psn=a_psn, **cfg)
     mr = b.pd.register(bytearray(size))
@@ -33,7 +33,7 @@ def write_job(mode: str, size: int, fate=None, wrs: int = 1, delay: float = 0.00
     if imm is not None:
         b.qp.post_recv(99, bytearray(0))
     net = Net(a, b, delay=delay, fate=fate or (lambda d, i, t: None))
-    net.run(lambda: a.qp.idle or a.qp.error is not None)
+    net.run(lambda: a.qp.idle or a.qp.error is not None, max_time=max_time)
     return a, b, mr, data, net
 
 
@@ -235,7 +235,12 @@ def test_any_loss_pattern_delivers_exactly_once(mode, data_fates, ack_fates, siz
         seq = data_fates if d == "a>b" else ack_fates
         return seq[i] if i < len(seq) else None  # the pattern ends: below the retry limit
 
-    a, b, mr, data, net = write_job(mode, size, fate=fate, wrs=wrs, a_psn=start, delay=0.0005)
+    # "Below the retry limit": every timeout without progress costs at least one drop, so a
+    # limit above the number of drops puts any pattern below it (the limit itself is tested
+    # in test_retry_limit_fails_the_wr_and_flushes_the_rest).
+    drops = data_fates.count(DROP) + ack_fates.count(DROP)
+    a, b, mr, data, net = write_job(mode, size, fate=fate, wrs=wrs, a_psn=start, delay=0.0005,
+                                    retry_limit=drops + 1, max_time=3600.0)
     assert a.qp.error is None and a.qp.idle
     assert mr.buffer == data
     npkts = sum(max(1, -(-len(memoryview(data)[o:o + -(-size // wrs)]) // 4096)) for o in range(0, size, -(-size // wrs)))
