@@ -128,15 +128,20 @@ class Datapath:
 
     # --- attaching to ports, each checked ---
 
+    @staticmethod
+    def _port(ipr: IPRoute, ns: str, ifname: str, what: str) -> tuple[str, int]:
+        """('ns:ifname' for messages, the port's ifindex); raise if there is no such port."""
+        where = f"{ns}:{ifname}"
+        index = ipr.link_lookup(ifname=ifname)
+        if not index:
+            raise FabricError(f"{where}: no such interface to {what}")
+        return where, index[0]
+
     def attach(self, ns: str, ipr: IPRoute, ifname: str, switch: bool) -> None:
         """XDP on the port, and on a switch port the tc programs too. Raise unless all took."""
         from bcc import lib
 
-        where = f"{ns}:{ifname}"
-        index = ipr.link_lookup(ifname=ifname)
-        if not index:
-            raise FabricError(f"{where}: no such interface to attach the datapath to")
-        index = index[0]
+        where, index = self._port(ipr, ns, ifname, "attach the datapath to")
         with netns.entered(ns):
             rc = lib.bpf_attach_xdp(ifname.encode(), self.fds[XDP_PROG], XDP_FLAGS_DRV_MODE)
         if rc < 0:
@@ -153,11 +158,7 @@ class Datapath:
 
     def attach_tc(self, ns: str, ipr: IPRoute, ifname: str) -> None:
         """tc ingress (forwarding) and egress (queue, ECN, tail drop) on a switch port."""
-        where = f"{ns}:{ifname}"
-        index = ipr.link_lookup(ifname=ifname)
-        if not index:
-            raise FabricError(f"{where}: no such interface to attach the datapath to")
-        index = index[0]
+        where, index = self._port(ipr, ns, ifname, "attach the datapath to")
         try:
             ipr.tc("add", "clsact", index)
             ipr.tc("add-filter", "bpf", index, ":1", fd=self.fds[TC_INGRESS_PROG], name=TC_INGRESS_PROG,
@@ -183,11 +184,7 @@ class Datapath:
         unless both are gone. Removing a fabric's namespaces does this for every port at once."""
         from bcc import lib
 
-        where = f"{ns}:{ifname}"
-        index = ipr.link_lookup(ifname=ifname)
-        if not index:
-            raise FabricError(f"{where}: no such interface to detach the datapath from")
-        index = index[0]
+        where, index = self._port(ipr, ns, ifname, "detach the datapath from")
         with netns.entered(ns):
             rc = lib.bpf_attach_xdp(ifname.encode(), -1, XDP_FLAGS_DRV_MODE)
         if rc < 0:

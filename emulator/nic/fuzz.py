@@ -29,13 +29,14 @@ import sys
 import time
 
 from . import wire
+from .loop import IP_MTU_DISCOVER, IP_PMTUDISC_DO, QPN_BASE, SO_NO_CHECK
 
 ETH_P_ALL, ETH_P_IP = 0x0003, 0x0800
 CLASSES = ("short", "random", "flipped", "forged", "far_psn", "replay")
 WEIGHTS = (5, 25, 25, 20, 15, 10)
 SPORT = 50999  # the fuzzer's own UDP source port
 CUT = 512  # payload bytes kept of a mutated real packet
-QPNS = range(0x100, 0x100 + 4096)  # what soft-NICs number their QPs: never forged as "unknown"
+QPNS = range(QPN_BASE, QPN_BASE + 4096)  # what soft-NICs number their QPs: never forged as "unknown"
 
 
 def _sniffer(dev: str) -> socket.socket:
@@ -109,8 +110,8 @@ def run(src: str, dst: str, dev: str, count: int, pps: float, seed: int, qpns: r
     rng = random.Random(seed)
     sniff = _sniffer(dev)
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    tx.setsockopt(socket.SOL_SOCKET, 11, 1)  # SO_NO_CHECK: UDP checksum 0, as RoCEv2
-    tx.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = DO: DF set, IP ID 0
+    tx.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)  # UDP checksum 0, as RoCEv2
+    tx.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)  # DF set, so IP ID 0
     tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # block rather than flood the host's queue
     tx.bind((src, SPORT))
     seen: list[bytes] = []

@@ -23,7 +23,6 @@ import select
 import socket
 import struct
 import time
-import zlib
 from dataclasses import dataclass, field
 
 from . import dcqcn, wire
@@ -44,7 +43,6 @@ RX_BATCH = 128  # datagrams read per turn before anything is sent
 TX_BATCH = 16  # packets per QP per turn: keeps QPs interleaved on the wire
 RCVBUF = 32 << 20
 WIRE_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4, UDP: what the host link carries besides the transport
-_FF8 = b"\xff" * 8
 _ICRC = struct.Struct("<I")
 _CMSG = 2 * socket.CMSG_SPACE(4)
 
@@ -59,13 +57,6 @@ class NicCounters:
 
     def drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
-
-
-def _masked_headers(src: str, dst: str, sport: int, tlen: int) -> int:
-    """The ICRC's running CRC over the pseudo-LRH and the masked IPv4/UDP headers."""
-    ip, udp = wire.ipv4_udp_headers(src, dst, sport, tlen, tos=0xFF, ttl=0xFF)
-    ip = ip[:10] + b"\xff\xff" + ip[12:]
-    return zlib.crc32(_FF8 + ip + udp[:6] + b"\xff\xff")
 
 
 class SoftNic:
@@ -130,18 +121,13 @@ class SoftNic:
         if crc is None:
             if len(self._crc_cache) > 4096:  # random sources (a fuzzer) must not grow it forever
                 self._crc_cache.clear()
-            crc = self._crc_cache[key] = _masked_headers(src, dst, sport, tlen)
+            crc = self._crc_cache[key] = wire.icrc_headers(*wire.ipv4_udp_headers(src, dst, sport, tlen))
         return crc
 
     def _icrc(self, peer: str, sport: int, parts) -> bytes:
         """The ICRC of a packet (headers, payload, pad) we send to ``peer`` from ``sport``."""
         tlen = sum(len(p) for p in parts) + wire.ICRC_LEN
-        crc = self._icrc_prefix(self.ip, peer, sport, tlen)
-        hdr = parts[0]
-        crc = zlib.crc32(hdr[5:], zlib.crc32(b"\xff", zlib.crc32(hdr[:4], crc)))
-        for p in parts[1:]:
-            crc = zlib.crc32(p, crc)
-        return _ICRC.pack(crc)
+        return _ICRC.pack(wire.icrc_transport(self._icrc_prefix(self.ip, peer, sport, tlen), parts))
 
     def _send(self, qpn: int, parts) -> int:
         peer, sock, sport = self._peer[qpn]
@@ -191,8 +177,7 @@ class SoftNic:
         if n < wire.BTH_LEN + wire.ICRC_LEN:
             raise wire.Malformed("truncated", f"{n} bytes")
         src, sport = addr[0], addr[1]
-        crc = self._icrc_prefix(src, self.ip, sport, n)
-        crc = zlib.crc32(data[5:n - 4], zlib.crc32(b"\xff", zlib.crc32(data[:4], crc)))
+        crc = wire.icrc_transport(self._icrc_prefix(src, self.ip, sport, n), [data[:n - 4]])
         if _ICRC.pack(crc) != data[n - 4:n]:
             raise wire.Malformed("bad_icrc")
         pkt = wire.parse(data)

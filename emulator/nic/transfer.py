@@ -82,17 +82,27 @@ def _qp_figures(qp) -> dict:
             "srtt_s": qp.srtt, "rto_s": qp.rto, "dropped": dict(st.dropped), "error": qp.error}
 
 
-def serve(a: argparse.Namespace) -> int:
+def _open(a: argparse.Namespace) -> tuple[SoftNic, list]:
     nic = SoftNic(a.ip, a.rate, a.burst)
     cfg = _config(a.mode, a.rate, a.rtt, a.qps)
-    qps = [nic.create_qp(a.peer, cfg, initial_psn=random.randrange(1 << 24)) for _ in range(a.qps)]
-    mr = nic.pd.register(bytearray(a.size))
-    for i, qp in enumerate(qps):
-        qp.post_recv(i, bytearray(0))
-    _emit({"ready": {"qps": [{"qpn": q.qpn, "psn": q.ipsn} for q in qps], "rkey": mr.rkey, "va": mr.va}})
+    return nic, [nic.create_qp(a.peer, cfg, initial_psn=random.randrange(1 << 24)) for _ in range(a.qps)]
+
+
+def _exchange(qps: list, **extra) -> dict:
+    """Say our QPs (and ``extra``) on stdout, read the peer's on stdin, connect QP to QP."""
+    _emit({"ready": {"qps": [{"qpn": q.qpn, "psn": q.ipsn} for q in qps], **extra}})
     peer = _read()
     for qp, p in zip(qps, peer["qps"]):
         qp.connect(p["qpn"], p["psn"])
+    return peer
+
+
+def serve(a: argparse.Namespace) -> int:
+    nic, qps = _open(a)
+    mr = nic.pd.register(bytearray(a.size))
+    for i, qp in enumerate(qps):
+        qp.post_recv(i, bytearray(0))
+    _exchange(qps, rkey=mr.rkey, va=mr.va)
     done: dict[int, float] = {}
     start = time.monotonic()
 
@@ -113,15 +123,10 @@ def serve(a: argparse.Namespace) -> int:
 
 
 def send(a: argparse.Namespace) -> int:
-    nic = SoftNic(a.ip, a.rate, a.burst)
-    cfg = _config(a.mode, a.rate, a.rtt, a.qps)
-    qps = [nic.create_qp(a.peer, cfg, initial_psn=random.randrange(1 << 24)) for _ in range(a.qps)]
+    nic, qps = _open(a)
     data = pattern(a.size, a.seed)
     digest = hashlib.sha256(data).hexdigest()
-    _emit({"ready": {"qps": [{"qpn": q.qpn, "psn": q.ipsn} for q in qps]}})
-    peer = _read()
-    for qp, p in zip(qps, peer["qps"]):
-        qp.connect(p["qpn"], p["psn"])
+    peer = _exchange(qps)
     view = memoryview(data)
     expected = 0
     for i, (qp, (off, n)) in enumerate(zip(qps, _shares(a.size, a.qps))):

@@ -153,20 +153,32 @@ def build(bth: Bth, payload: bytes = b"", reth: Reth | None = None, aeth: Aeth |
     return out + payload + bytes(pad)
 
 
-def icrc(ip_header: bytes, udp_header: bytes, transport: bytes) -> bytes:
-    """The invariant CRC over 8 bytes of 0xFF (the pseudo LRH), the IPv4 header with TOS, TTL
-    and checksum masked to ones, the UDP header with its checksum masked, and the BTH (its
-    FECN/BECN/reserved byte masked) with everything after it; little-endian on the wire."""
+def icrc_headers(ip_header: bytes, udp_header: bytes) -> int:
+    """The ICRC's running CRC-32 over 8 bytes of 0xFF (the pseudo LRH), the IPv4 header with
+    TOS, TTL and checksum masked to ones and the UDP header with its checksum masked. It depends
+    on the headers only, so a sender can keep it per destination and length."""
     ip = bytearray(ip_header)
     ip[1] = 0xFF  # TOS (DSCP, ECN)
     ip[8] = 0xFF  # TTL
     ip[10:12] = b"\xff\xff"  # header checksum
     udp = bytearray(udp_header)
     udp[6:8] = b"\xff\xff"
-    tr = bytearray(transport)
-    tr[4] = 0xFF  # FECN, BECN, reserved
-    crc = zlib.crc32(b"\xff" * 8 + bytes(ip) + bytes(udp) + bytes(tr)) & 0xFFFFFFFF
-    return struct.pack("<I", crc)
+    return zlib.crc32(b"\xff" * 8 + bytes(ip) + bytes(udp))
+
+
+def icrc_transport(crc: int, parts) -> int:
+    """Continue ``crc`` over the BTH (its FECN/BECN/reserved byte masked) and what follows it,
+    given as consecutive buffers, the first holding at least the BTH."""
+    first = parts[0]
+    crc = zlib.crc32(first[5:], zlib.crc32(b"\xff", zlib.crc32(first[:4], crc)))
+    for p in parts[1:]:
+        crc = zlib.crc32(p, crc)
+    return crc
+
+
+def icrc(ip_header: bytes, udp_header: bytes, transport: bytes) -> bytes:
+    """The invariant CRC of a packet, little-endian as it goes on the wire."""
+    return struct.pack("<I", icrc_transport(icrc_headers(ip_header, udp_header), [transport]))
 
 
 def ipv4_udp_headers(src: str, dst: str, sport: int, transport_len: int, tos: int = 0, ttl: int = 64,
