@@ -174,6 +174,15 @@ def format_status(body: dict) -> list[str]:
                      f"(emulated {units.format_rate(p['rate_bps'])})  loss {p['loss']:.3g}"
                      f"{' (eBPF)' if p.get('loss_by') == 'ebpf' else ''}  "
                      f"corruption {p['corruption']:.3g}  {delay}")
+    cc = body.get("congestion")
+    if cc:
+        e = cc["ecn"]
+        over = ", ".join(f"{k}={v:g}" for k, v in cc["dcqcn_overrides"].items())
+        src = e["source"]
+        origin = src["kmin"] if len(set(src.values())) == 1 else ", ".join(f"{k} {v}" for k, v in src.items())
+        lines.append(f"congestion control: DCQCN {cc['dcqcn']}{f' ({over})' if over else ''}; switch ECN "
+                     f"Kmin {units.format_size(e['kmin'])} Kmax {units.format_size(e['kmax'])} Pmax {e['pmax']:.3g} "
+                     f"(emulated {e['emulated_kmin']} B/{e['emulated_kmax']} B; from {origin})")
     if body["rtt"]:
         lines.append("RTT measured now:")
     for r in body["rtt"]:
@@ -296,18 +305,28 @@ def run_group() -> None:
 @name_option
 @click.argument("src")
 @click.argument("dst")
-@click.option("--size", default="64MB", show_default=True, help="Bytes to move, e.g. 256MB.")
-@click.option("--qps", type=click.IntRange(1, 1024), default=None, help="Queue pairs [default: the topology's nic.qps_per_pair].")
+@click.option("--size", default="64MB", show_default=True, help="Bytes to move from each sender, e.g. 256MB.")
+@click.option("--qps", type=click.IntRange(1, 1024), default=None, help="Queue pairs per sender [default: the topology's nic.qps_per_pair].")
 @click.option("--transport", type=click.Choice(["selective", "go-back-n"]), default=None,
               help="Loss recovery [default: the topology's nic.transport].")
+@click.option("--dcqcn", type=click.Choice(list(spec.DCQCN_PROFILES)), default=None,
+              help="DCQCN profile the NICs run [default: the topology's nic.dcqcn, with its overrides]. "
+                   "The switches keep the ECN thresholds the fabric was started with.")
+@click.option("--sample", default="10ms", show_default=True,
+              help="Telemetry period: QP rates, alpha and CNPs, and switch queues and marks (0: none).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of rate and queue depth over time here.")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Give up after this many seconds.")
 @click.option("--json", "as_json", is_flag=True)
 @core
-def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, transport: str | None, timeout: float,
-                 as_json: bool) -> None:
+def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, transport: str | None, dcqcn: str | None,
+                 sample: str, plot_path: str | None, timeout: float, as_json: bool) -> None:
     """RDMA WRITE SIZE bytes from host SRC to host DST through the soft-NICs; report goodput,
-    completion time, retransmissions and timeouts, per QP, and check the data arrived intact."""
+    completion time, retransmissions, timeouts and DCQCN's work, per QP, and check the data
+    arrived intact. SRC may name several hosts, comma-separated: they send at once (an incast),
+    and the report adds their fairness and the switch queues they built."""
     need_root("run transfer")
+    from . import report
     from .nic import transfer
 
     fabric_plan = _running_plan(name)
@@ -315,38 +334,88 @@ def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, tran
         nbytes = units.parse_size(size)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--size")
-    qps = qps or fabric_plan.spec.nic.qps_per_pair
-    transport = transport or fabric_plan.spec.nic.transport
-    for host in (src, dst):
+    try:
+        period = 0.0 if sample.strip() in ("0", "0s") else units.parse_duration(sample)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--sample")
+    nic = fabric_plan.spec.nic
+    qps = qps or nic.qps_per_pair
+    transport = transport or nic.transport
+    srcs = [h for h in src.split(",") if h]
+    for host in (*srcs, dst):
         try:
             if fabric_plan.node(host).role != "host":
                 raise click.BadParameter(f"{host} is a {fabric_plan.node(host).role}, not a host")
         except KeyError:
             raise click.BadParameter(f"no node {host!r} in fabric {name!r}")
-    r = transfer.run(fabric_plan, src, dst, nbytes, qps, transport, timeout=timeout)
+    fspec = fabric_plan.spec
+    profile = (nic.dcqcn_profile(fspec.links.host) if dcqcn is None or dcqcn == nic.dcqcn
+               else spec.Nic(dcqcn=dcqcn).dcqcn_profile(fspec.links.host))
+    sampler = (lambda: client.request(name, {"op": "sample"})) if fspec.ecmp.datapath == "ebpf" else None
+    r = transfer.run(fabric_plan, srcs, dst, nbytes, qps, transport, timeout=timeout,
+                     cc=profile.scaled(fspec.scale), sample_s=period, sampler=sampler)
+    body = r.as_dict()
+    body["figures"] = {"ports": report.ports(body),
+                       "fairness": report.fairness(body, max(period, 10 * r.rtt_s)) if period else {}}
+    if plot_path:
+        report.plot(body, plot_path)
     if as_json:
-        click.echo(json.dumps(r.as_dict(), indent=2))
+        click.echo(json.dumps(body, indent=2))
     else:
-        click.echo(f"{src} -> {dst}: {units.format_size(r.size)} over {r.qps} QPs, {r.transport}, "
-                   f"RTT {r.rtt_s * 1e3:.2f} ms, line {units.format_rate(r.line_rate_bps)}")
-        click.echo(f"  {'intact' if r.intact else 'NOT INTACT'}{'' if r.complete else ', INCOMPLETE'}: "
-                   f"{r.seconds:.3f} s, goodput {units.format_rate(r.goodput_bps)} "
-                   f"({r.goodput_bps / r.line_rate_bps:.2f} of the line), {r.data_packets} packets, "
-                   f"{r.retransmits} retransmitted, {r.timeouts} timeouts")
-        click.echo(f"  {'QPN':>6} {'done s':>8} {'packets':>8} {'retx':>6} {'t/o':>4} {'srtt ms':>8} {'rto ms':>7}")
-        for q in r.sender["qps"]:
-            done = f"{q['completed_s']:.3f}" if q["completed_s"] is not None else "-"
-            srtt = f"{q['srtt_s'] * 1e3:.2f}" if q["srtt_s"] else "-"
-            click.echo(f"  {q['qpn']:>#6x} {done:>8} {q['data_packets']:>8} {q['retransmits']:>6} {q['timeouts']:>4} "
-                       f"{srtt:>8} {q['rto_s'] * 1e3:>7.1f}" + (f"  {q['error']}" if q["error"] else ""))
-        dcqcn = fabric_plan.spec.nic.dcqcn
-        note = f"; the topology's nic.dcqcn {dcqcn!r} is not applied to transfers yet" if dcqcn != "off" else ""
-        click.echo(f"  rate control: {r.rate_control}{note}")
-        drops = {**r.sender["nic"]["dropped"], **{f"rx:{k}": v for k, v in r.receiver["nic"]["dropped"].items()}}
-        if drops:
-            click.echo("  refused by the NICs: " + ", ".join(f"{k} {v}" for k, v in sorted(drops.items())))
+        for line in format_transfer(body):
+            click.echo(line)
+        if plot_path:
+            click.echo(f"  plot: {plot_path}")
     if not (r.intact and r.complete):
         raise errors.MeasurementError("the transfer did not complete intact")
+
+
+def format_transfer(body: dict) -> list[str]:
+    r = body
+    line = r["line_rate_bps"]
+    lines = [f"{r['src']} -> {r['dst']}: {units.format_size(r['size'])} per sender over {r['qps']} QPs each, "
+             f"{r['transport']}, RTT {r['rtt_s'] * 1e3:.2f} ms, line {units.format_rate(line)}",
+             f"  {'intact' if r['intact'] else 'NOT INTACT'}{'' if r['complete'] else ', INCOMPLETE'}: "
+             f"{r['seconds']:.3f} s, goodput {units.format_rate(r['goodput_bps'])} "
+             f"({r['goodput_bps'] / line:.2f} of one host link), {r['data_packets']} packets, "
+             f"{r['retransmits']} retransmitted, {r['timeouts']} timeouts, {r['cnps']} CNPs",
+             f"  rate control: {r['rate_control']}"]
+    if len(r["flows"]) > 1:
+        lines.append(f"  {'sender':<16} {'start s':>8} {'time s':>8} {'goodput':>12} {'retx':>6} {'CNPs':>6}")
+        for f in r["flows"]:
+            lines.append(f"  {f['src']:<16} {f['started_s']:>8.3f} {f['seconds']:>8.3f} "
+                         f"{units.format_rate(f['goodput_bps']):>12} {f['retransmits']:>6} {f['cnps_received']:>6}")
+    lines.append(f"  {'QPN':>6} {'done s':>8} {'packets':>8} {'retx':>6} {'t/o':>4} {'CNPs':>5} {'srtt ms':>8} {'rto ms':>7}")
+    for s in r["senders"]:
+        for q in s["qps"]:
+            done = f"{q['completed_s']:.3f}" if q["completed_s"] is not None else "-"
+            srtt = f"{q['srtt_s'] * 1e3:.2f}" if q["srtt_s"] else "-"
+            lines.append(f"  {q['qpn']:>#6x} {done:>8} {q['data_packets']:>8} {q['retransmits']:>6} {q['timeouts']:>4} "
+                         f"{q['cnps_received']:>5} {srtt:>8} {q['rto_s'] * 1e3:>7.1f}" + (f"  {q['error']}" if q["error"] else ""))
+    fig = r.get("figures", {})
+    fair = fig.get("fairness") or {}
+    if fair.get("jain"):
+        settled = (f"reached {0.95} after {fair['fair_after_s'] * 1e3:.0f} ms ({fair['fair_after_s'] / r['rtt_s']:.0f} RTTs) "
+                   "and stayed" if fair["fair_after_s"] is not None else "never stayed at 0.95 or above")
+        lines.append(f"  fairness (Jain, {fair['window_s'] * 1e3:g} ms windows while all sent): whole run "
+                     f"{fair['jain_whole']:.3f}, lowest window {fair['jain_min']:.3f}; {settled}")
+    if fig.get("ports"):
+        lines.append(f"  switch queues while all sent ({fig['ports'][0]['samples']} samples):")
+        lines.append(f"    {'port':<22} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8} {'marks':>7} {'drops':>6} {'util':>5}")
+        for p in fig["ports"][:6]:
+            util = f"{p['utilisation']:.2f}" if p["utilisation"] is not None else "-"
+            lines.append(f"    {p['port']:<22} " + " ".join(f"{units.format_size(p[k]):>8}" for k in
+                                                           ("depth_p50", "depth_p90", "depth_p99", "depth_max"))
+                         + f" {p['ecn_marks']:>7} {p['buffer_drops']:>6} {util:>5}")
+    if r["telemetry"].get("ports_error"):
+        lines.append(f"  switch telemetry stopped: {r['telemetry']['ports_error']}")
+    drops = {}
+    for s in r["senders"]:
+        drops.update(s["nic"]["dropped"])
+    drops.update({f"rx:{k}": v for k, v in r["receiver"]["nic"]["dropped"].items()})
+    if drops:
+        lines.append("  refused by the NICs: " + ", ".join(f"{k} {v}" for k, v in sorted(drops.items())))
+    return lines
 
 
 def _has_delay_lines(name: str) -> bool:

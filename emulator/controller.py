@@ -47,6 +47,7 @@ class Controller:
         self.started_at = time.time()
         self.guard = None  # telemetry.FidelityGuard, from the first stats request on
         self.hash_mode = self.plan.spec.ecmp.hash  # set_hash changes it while the fabric runs
+        self._switch_ports = None  # the ports "sample" reads, listed once
 
     def _datapath(self):
         if self.fabric.datapath is None:
@@ -89,6 +90,20 @@ class Controller:
             backlog = queues.counters(ipr, port.ifindex)["backlog_bytes"]
             after = dp.queue(port.ifindex)["depth"]
             return {"ok": True, "depth_before": before, "backlog": backlog, "depth_after": after}, False
+        if op == "sample":
+            # Every switch port's queue and marks now, for time series taken while traffic runs:
+            # [port, depth, bytes dequeued, ECN marks, buffer drops] on CLOCK_MONOTONIC.
+            from .plan import SWITCH_ROLES
+
+            dp = self._datapath()
+            if self._switch_ports is None:
+                self._switch_ports = [p for p in self.plan.ports() if self.plan.node(p.node).role in SWITCH_ROLES]
+            rows = []
+            for p in self._switch_ports:
+                q = dp.queue(p.ifindex)
+                c = dp.counters(p.ifindex)
+                rows.append([f"{p.node}:{p.ifname}", q["depth"], q["deq_bytes"], c["ecn_marks"], c["drop_buffer"]])
+            return {"ok": True, "t": time.monotonic(), "ports": rows}, False
         if op == "set_hash":
             mode = request.get("hash")
             dp = self._datapath()

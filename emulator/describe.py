@@ -94,6 +94,12 @@ def fabric(f: "Fabric", measure_rtt: bool = True) -> dict:
             if p.loss else None,
         })
     out["datapath"] = spec.ecmp.datapath
+    e = spec.ecn
+    out["congestion"] = {
+        "dcqcn": spec.nic.dcqcn, "dcqcn_overrides": dict(spec.nic.dcqcn_overrides),
+        "ecn": {"kmin": e.kmin, "kmax": e.kmax, "pmax": e.pmax, "source": dict(zip(("kmin", "kmax", "pmax"), e.source)),
+                "emulated_kmin": spec.emulated_size(e.kmin), "emulated_kmax": spec.emulated_size(e.kmax)},
+    }
     if f.datapath is not None:
         from . import telemetry
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import yaml
 
 from . import units
+from .nic import dcqcn as dcqcn_mod
 from .errors import SpecError
 
 FORMAT_VERSION = 1
@@ -31,7 +32,7 @@ HASH_MODES = ("five-tuple", "qpn", "qpn-psn", "ev")
 # kernel: plain Linux routers with kernel ECMP (five-tuple), the baseline it replaces.
 DATAPATHS = ("ebpf", "kernel")
 TRANSPORTS = ("selective", "go-back-n")
-DCQCN_PROFILES = ("paper", "nvidia", "hpcc-ns3", "off")
+DCQCN_PROFILES = dcqcn_mod.PROFILE_NAMES
 PFC_WATCHDOG_ACTIONS = ("drop", "forward", "alert")
 SHAPERS = ("htb", "tbf")
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
@@ -96,6 +97,9 @@ class Ecn:
     kmin: int = 5_000  # real bytes; DCQCN paper's values
     kmax: int = 200_000
     pmax: float = 0.01
+    # Where each threshold came from: "ecn" (the topology's own), "profile <name>" (the NIC's
+    # DCQCN profile names switch thresholds) or "default"; reports say which.
+    source: tuple[str, str, str] = ("default", "default", "default")
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,12 @@ class Nic:
     transport: str = "selective"
     dcqcn: str = "paper"
     qps_per_pair: int = 1
+    # The profile's fields the topology overrides, as (Profile field, value) pairs, real units.
+    dcqcn_overrides: tuple[tuple[str, Any], ...] = ()
+
+    def dcqcn_profile(self, line_rate_bps: float) -> dcqcn_mod.Profile:
+        """The DCQCN profile for a NIC of ``line_rate_bps`` (real, unscaled), overrides applied."""
+        return dcqcn_mod.profile(self.dcqcn, line_rate_bps, dict(self.dcqcn_overrides))
 
 
 @dataclass(frozen=True)
@@ -236,6 +246,12 @@ _duration = _positive(units.parse_duration, "duration")
 _probability = _non_negative(units.parse_probability, "probability")
 
 
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError(f"must be a number in (0, 1) such as 0.00390625, got {value!r}")
+    return float(value)
+
+
 class _Reader:
     """Walks the YAML tree keeping the file name, so every error can say where it is."""
 
@@ -310,6 +326,7 @@ def parse(text: str, file: str = "<string>") -> FabricSpec:
     buffers = _buffers(r, top)
     datacenters = _datacenters(r, top)
     wan_paths = _wan(r, top, mtu)
+    nic = _nic(r, top)
     spec = FabricSpec(
         source=file,
         version=version,
@@ -322,9 +339,9 @@ def parse(text: str, file: str = "<string>") -> FabricSpec:
         datacenters=datacenters,
         wan_paths=wan_paths,
         ecmp=_ecmp(r, top),
-        ecn=_ecn(r, top),
+        ecn=_ecn_resolved(r, top, nic, links),
         pfc=_pfc(r, top),
-        nic=_nic(r, top),
+        nic=nic,
     )
     _check_whole(r, spec, top)
     return spec
@@ -472,13 +489,72 @@ def _pfc(r: _Reader, top: dict) -> Pfc:
     return pfc
 
 
+# nic.dcqcn as a mapping: ``profile`` plus any of these, each overriding one Profile field
+# (real units; the emulation scales rates and bytes with the topology's scale).
+DCQCN_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "g": ("g", _fraction),
+    "cnp_interval": ("cnp_interval_s", _duration),  # N
+    "alpha_period": ("alpha_period_s", _duration),  # K
+    "timer": ("timer_s", _duration),  # T
+    "byte_counter": ("byte_counter", lambda v: 0 if v == 0 and not isinstance(v, bool) else _size(v)),  # B; 0: timer only
+    "fast_recovery": ("fast_recovery", _int(1, 1000)),  # F
+    "rate_ai": ("rate_ai_bps", _rate),
+    "rate_hai": ("rate_hai_bps", _rate),
+    "min_rate": ("min_rate_bps", _rate),
+    "kmin": ("kmin", _size),
+    "kmax": ("kmax", _size),
+    "pmax": ("pmax", _probability),
+}
+
+
+def _dcqcn_name(value: Any) -> str:
+    # YAML 1.1 reads a bare `off` as false: that is the profile the user wrote.
+    return _choice(DCQCN_PROFILES)("off" if value is False else value)
+
+
 def _nic(r: _Reader, top: dict) -> Nic:
     m = r.mapping(top.get("nic"), "nic", ("transport", "dcqcn", "qps_per_pair"))
+    raw = m.get("dcqcn", "paper")
+    overrides: list[tuple[str, Any]] = []
+    if isinstance(raw, dict):
+        d = r.mapping(raw, "nic.dcqcn", ("profile", *DCQCN_FIELDS))
+        name = r.get(d, "nic.dcqcn", "profile", _dcqcn_name)
+        for key, (fname, parse) in DCQCN_FIELDS.items():
+            if key in d:
+                overrides.append((fname, r.get(d, "nic.dcqcn", key, parse)))
+        if name == "off" and overrides:
+            raise r.fail("nic.dcqcn", f"profile off runs no DCQCN; it takes no fields ({', '.join(k for k in d if k != 'profile')})")
+    else:
+        name = r.get(m, "nic", "dcqcn", _dcqcn_name, "paper")
     return Nic(
         transport=r.get(m, "nic", "transport", _choice(TRANSPORTS), "selective"),
-        dcqcn=r.get(m, "nic", "dcqcn", _choice(DCQCN_PROFILES), "paper"),
+        dcqcn=name,
         qps_per_pair=r.get(m, "nic", "qps_per_pair", _int(1, 1024), 1),
+        dcqcn_overrides=tuple(overrides),
     )
+
+
+def _ecn_resolved(r: _Reader, top: dict, nic: Nic, links: LinkRates) -> Ecn:
+    """The switches' ECN thresholds, field by field: the topology's ``ecn`` section first, then
+    what the NIC's DCQCN profile names (hpcc-ns3's grow with the host link's rate), then the
+    DCQCN paper's defaults."""
+    explicit = _ecn(r, top)
+    given = set(r.mapping(top.get("ecn"), "ecn", ("kmin", "kmax", "pmax")))
+    prof = nic.dcqcn_profile(links.host)
+    values, sources = {}, []
+    for key in ("kmin", "kmax", "pmax"):
+        if key in given:
+            values[key], src = getattr(explicit, key), "ecn"
+        elif getattr(prof, key) is not None:
+            values[key], src = getattr(prof, key), f"profile {prof.name}"
+        else:
+            values[key], src = getattr(Ecn, key), "default"
+        sources.append(src)
+    ecn = Ecn(values["kmin"], values["kmax"], values["pmax"], tuple(sources))
+    if ecn.kmax < ecn.kmin:
+        where = "ecn.kmax" if "kmax" in given or "kmin" in given else "nic.dcqcn"
+        raise r.fail(where, f"ECN kmax ({ecn.kmax} bytes, {sources[1]}) is below kmin ({ecn.kmin} bytes, {sources[0]})")
+    return ecn
 
 
 def _check_whole(r: _Reader, spec: FabricSpec, top: dict) -> None:

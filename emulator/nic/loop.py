@@ -34,6 +34,8 @@ IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2  # DF on every datagram (and so IP ID 0 
 IP_RECVTOS = 13
 SO_RCVBUFFORCE = 33  # root may exceed net.core.rmem_max (Python does not name it)
 SO_RXQ_OVFL = 40  # the kernel tells us how many datagrams it dropped on a full receive buffer
+SO_TIMESTAMPNS = 35  # each datagram's arrival time: the NP spaces CNPs by when packets arrived,
+_TIMESPEC = struct.Struct("=qq")  # not by when a busy loop got round to reading them
 DSCP_DATA = 26
 DSCP_CNP = 48  # CNPs go out non-ECT with DSCP 48, as NICs send them
 ECT0, CE = 0b10, 0b11
@@ -44,7 +46,7 @@ TX_BATCH = 16  # packets per QP per turn: keeps QPs interleaved on the wire
 RCVBUF = 32 << 20
 WIRE_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4, UDP: what the host link carries besides the transport
 _ICRC = struct.Struct("<I")
-_CMSG = 2 * socket.CMSG_SPACE(4)
+_CMSG = 2 * socket.CMSG_SPACE(4) + socket.CMSG_SPACE(_TIMESPEC.size)
 
 
 @dataclass
@@ -78,10 +80,13 @@ class SoftNic:
         self._refilled = clock()
         self._crc_cache: dict[tuple, int] = {}
         self._rr = 0
+        self.tx_bytes: dict[int, int] = {}  # qpn -> bytes this QP put on the host link
+        self.ce_data: dict[int, int] = {}  # qpn -> CE-marked data packets it received
         self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE if _root() else socket.SO_RCVBUF, RCVBUF)
         self.rx.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
         self.rx.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
+        self.rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self.rx.bind((ip, wire.ROCE_PORT))
         self.rx.setblocking(False)
         self._rxbuf = bytearray(65536)
@@ -107,6 +112,8 @@ class SoftNic:
         s.bind((self.ip, sport))
         self.qps[qpn] = qp
         self._peer[qpn] = (peer_ip, s, sport)
+        self.tx_bytes[qpn] = 0
+        self.ce_data[qpn] = 0
         if self.cc is not None:
             qp.rp = dcqcn.ReactionPoint(self.cc, self._rate * 8 or 1e12, self.clock())
             qp.pace = dcqcn.RatePacer(qp.rp, 2 * (4096 + 100))
@@ -134,7 +141,9 @@ class SoftNic:
         icrc = self._icrc(peer, sport, parts)
         sock.sendmsg([*parts, icrc], [], 0, (peer, wire.ROCE_PORT))
         self.counters.tx_packets += 1
-        return sum(len(p) for p in parts) + wire.ICRC_LEN + WIRE_OVERHEAD
+        n = sum(len(p) for p in parts) + wire.ICRC_LEN + WIRE_OVERHEAD
+        self.tx_bytes[qpn] += n
+        return n
 
     def _send_cnp(self, qp) -> None:
         """A congestion notification to the QP's peer: BECN set, non-ECT, DSCP 48."""
@@ -167,12 +176,16 @@ class SoftNic:
 
     def _input(self, data: memoryview, addr: tuple, anc: list, now: float) -> None:
         ce = False
+        arrived = None  # kernel arrival time (CLOCK_REALTIME): only differences are used
         for level, kind, value in anc:
             if level == socket.IPPROTO_IP and kind == socket.IP_TOS and value and value[0] & 3 == CE:
                 self.counters.rx_ce += 1
                 ce = True
             elif level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(value) >= 4:
                 self.counters.socket_overflow = struct.unpack("=I", value[:4])[0]
+            elif level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(value) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack(value[:_TIMESPEC.size])
+                arrived = sec + nsec * 1e-9
         n = len(data)
         if n < wire.BTH_LEN + wire.ICRC_LEN:
             raise wire.Malformed("truncated", f"{n} bytes")
@@ -187,8 +200,10 @@ class SoftNic:
         if src != self._peer[qp.qpn][0] or not qp.connected:
             raise wire.Malformed("wrong_source", src)  # RC: only the connected peer may talk to a QP
         qp.receive(pkt, now)
-        if ce and pkt.bth.opcode <= wire.WRITE_ONLY_IMM and qp.qpn in self._np and self._np[qp.qpn].on_ce(now):
-            self._send_cnp(qp)
+        if ce and pkt.bth.opcode <= wire.WRITE_ONLY_IMM:
+            self.ce_data[qp.qpn] += 1
+            if qp.qpn in self._np and self._np[qp.qpn].on_ce(now if arrived is None else arrived):
+                self._send_cnp(qp)
         if qp.outbox:  # answer at once: an ACK held back behind a batch looks like loss to the peer
             for parts in qp.outbox:
                 self._tokens -= self._send(qp.qpn, parts)
@@ -251,14 +266,26 @@ class SoftNic:
         if wait > 0:
             select.select([self.rx], [], [], wait)
 
-    def run(self, done, timeout: float) -> bool:
-        """Turn until ``done()``; False if ``timeout`` seconds passed first."""
+    def run(self, done, timeout: float, max_wait: float = 0.05) -> bool:
+        """Turn until ``done()``; False if ``timeout`` seconds passed first. ``done`` is asked
+        at least every ``max_wait`` seconds."""
         end = self.clock() + timeout
         while not done():
             if self.clock() > end:
                 return False
-            self.step()
+            self.step(max_wait)
         return True
+
+    def qp_state(self, qpn: int) -> tuple[float, float, float, int, int, int, int]:
+        """(rate, target rate, alpha, CNPs received, CNPs sent, CE-marked packets received,
+        bytes sent) of one QP now; without DCQCN the rate is the line's and alpha 0."""
+        qp = self.qps[qpn]
+        rp = qp.rp
+        line = self._rate * 8
+        if rp is not None:
+            rp.advance(self.clock())
+        return (rp.rc if rp else line, rp.rt if rp else line, rp.alpha if rp else 0.0, qp.stats.cnps_received,
+                qp.stats.cnps_sent, self.ce_data[qpn], self.tx_bytes[qpn])
 
     def stats(self) -> dict:
         return {"rx_packets": self.counters.rx_packets, "tx_packets": self.counters.tx_packets,

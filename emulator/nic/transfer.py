@@ -21,9 +21,11 @@ import random
 import select
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
+from . import dcqcn
 from .loop import SoftNic
 from .rc import MODES, SUCCESS, QpConfig
 
@@ -79,30 +81,75 @@ def _qp_figures(qp) -> dict:
     return {"qpn": qp.qpn, "data_packets": st.data_packets, "retransmits": st.retransmits, "timeouts": st.timeouts,
             "acks_received": st.acks_received, "naks_received": st.naks_received, "delivered": st.delivered,
             "held": st.held, "naks_sent": st.naks_sent, "acks_sent": st.acks_sent,
+            "cnps_received": st.cnps_received, "cnps_sent": st.cnps_sent,
             "srtt_s": qp.srtt, "rto_s": qp.rto, "dropped": dict(st.dropped), "error": qp.error}
 
 
-def _open(a: argparse.Namespace) -> tuple[SoftNic, list]:
-    nic = SoftNic(a.ip, a.rate, a.burst)
-    cfg = _config(a.mode, a.rate, a.rtt, a.qps)
-    return nic, [nic.create_qp(a.peer, cfg, initial_psn=random.randrange(1 << 24)) for _ in range(a.qps)]
+class Recorder:
+    """Per-QP time series, sampled every ``period`` seconds on the orchestrator's clock (CLOCK_
+    MONOTONIC is one clock for every namespace): rate and target rate, alpha, CNPs received and
+    sent, CE-marked data received, bytes sent."""
+
+    COLUMNS = ("rate_bps", "target_bps", "alpha", "cnps_received", "cnps_sent", "ce_received", "tx_bytes")
+
+    def __init__(self, nic: SoftNic, qps: list, period: float, t0: float) -> None:
+        self.nic, self.qps, self.period, self.t0 = nic, qps, period, t0
+        self.t: list[float] = []
+        self.series = {q.qpn: {c: [] for c in self.COLUMNS} for q in qps}
+        self._next = 0.0
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if not self.period or now < self._next:
+            return
+        self._next = now + self.period
+        self.t.append(round(now - self.t0, 6))
+        for q in self.qps:
+            for col, v in zip(self.COLUMNS, self.nic.qp_state(q.qpn)):
+                self.series[q.qpn][col].append(v)
+
+    def as_dict(self) -> dict:
+        return {"t": self.t, "qps": {str(k): v for k, v in self.series.items()}}
 
 
-def _exchange(qps: list, **extra) -> dict:
-    """Say our QPs (and ``extra``) on stdout, read the peer's on stdin, connect QP to QP."""
-    _emit({"ready": {"qps": [{"qpn": q.qpn, "psn": q.ipsn} for q in qps], **extra}})
-    peer = _read()
-    for qp, p in zip(qps, peer["qps"]):
+def _open(a: argparse.Namespace, peers: list[str]) -> tuple[SoftNic, list[list]]:
+    """The NIC and ``a.qps`` QPs towards each peer."""
+    cc = dcqcn.Profile(**json.loads(a.cc)) if a.cc else None
+    nic = SoftNic(a.ip, a.rate, a.burst, cc=cc)
+    cfg = _config(a.mode, a.rate, a.rtt, a.qps * len(peers))
+    return nic, [[nic.create_qp(p, cfg, initial_psn=random.randrange(1 << 24)) for _ in range(a.qps)] for p in peers]
+
+
+def _ready(qps: list) -> list[dict]:
+    return [{"qpn": q.qpn, "psn": q.ipsn} for q in qps]
+
+
+def _connect(qps: list, peer: list[dict]) -> None:
+    for qp, p in zip(qps, peer):
         qp.connect(p["qpn"], p["psn"])
-    return peer
+
+
+def _run(nic: SoftNic, rec: Recorder, done, timeout: float) -> bool:
+    def check() -> bool:
+        rec.tick()
+        return done()
+
+    return nic.run(check, timeout, max_wait=min(0.05, rec.period or 0.05))
 
 
 def serve(a: argparse.Namespace) -> int:
-    nic, qps = _open(a)
-    mr = nic.pd.register(bytearray(a.size))
+    """The target of one flow per peer in ``--peer`` (comma-separated): a region of ``--size``
+    bytes and ``--qps`` QPs for each."""
+    peers = a.peer.split(",")
+    nic, groups = _open(a, peers)
+    regions = [nic.pd.register(bytearray(a.size)) for _ in peers]
+    qps = [q for g in groups for q in g]
     for i, qp in enumerate(qps):
         qp.post_recv(i, bytearray(0))
-    _exchange(qps, rkey=mr.rkey, va=mr.va)
+    _emit({"ready": {"flows": [{"qps": _ready(g), "rkey": mr.rkey, "va": mr.va} for g, mr in zip(groups, regions)]}})
+    for g, flow in zip(groups, _read()["flows"]):
+        _connect(g, flow["qps"])
+    rec = Recorder(nic, qps, a.sample, a.t0 or time.monotonic())
     done: dict[int, float] = {}
     start = time.monotonic()
 
@@ -112,21 +159,24 @@ def serve(a: argparse.Namespace) -> int:
                 done[qp.qpn] = time.monotonic() - start
         return len(done) == len(qps)
 
-    ok = nic.run(finished, a.timeout)
+    ok = _run(nic, rec, finished, a.timeout)
     # Stay up until told: the sender may still need ACKs for its last packets.
     while not select.select([sys.stdin], [], [], 0)[0]:
         nic.step(0.01)
-    digest = hashlib.sha256(mr.buffer).hexdigest()
-    _emit({"result": {"complete": ok, "sha256": digest, "nic": nic.stats(),
+        rec.tick()
+    _emit({"result": {"complete": ok, "sha256": [hashlib.sha256(mr.buffer).hexdigest() for mr in regions],
+                      "nic": nic.stats(), "telemetry": rec.as_dict(),
                       "qps": [_qp_figures(q) | {"completed_s": done.get(q.qpn)} for q in qps]}})
     return 0
 
 
 def send(a: argparse.Namespace) -> int:
-    nic, qps = _open(a)
+    nic, (qps,) = _open(a, [a.peer])
     data = pattern(a.size, a.seed)
     digest = hashlib.sha256(data).hexdigest()
-    peer = _exchange(qps)
+    _emit({"ready": {"qps": _ready(qps)}})
+    peer = _read()  # the target's flow for us: its QPs, R_Key and address
+    _connect(qps, peer["qps"])
     view = memoryview(data)
     expected = 0
     for i, (qp, (off, n)) in enumerate(zip(qps, _shares(a.size, a.qps))):
@@ -138,6 +188,7 @@ def send(a: argparse.Namespace) -> int:
     completed: dict[int, float] = {}
     failed: list[dict] = []
     got = 0
+    rec = Recorder(nic, qps, a.sample, a.t0 or time.monotonic())
     start = time.monotonic()
 
     def finished() -> bool:
@@ -151,11 +202,12 @@ def send(a: argparse.Namespace) -> int:
                 completed[qp.qpn] = time.monotonic() - start
         return got == expected
 
-    ok = nic.run(finished, a.timeout)
+    ok = _run(nic, rec, finished, a.timeout)
     seconds = time.monotonic() - start
+    rec.tick()
     _emit({"result": {"complete": ok and not failed, "sha256": digest, "seconds": seconds, "bytes": a.size,
-                      "goodput_bps": a.size * 8 / seconds if ok and not failed else 0.0, "failed": failed[:20],
-                      "nic": nic.stats(),
+                      "started_s": start - (a.t0 or start), "goodput_bps": a.size * 8 / seconds if ok and not failed else 0.0,
+                      "failed": failed[:20], "nic": nic.stats(), "telemetry": rec.as_dict(),
                       "qps": [_qp_figures(q) | {"completed_s": completed.get(q.qpn)} for q in qps]}})
     return 0
 
@@ -164,25 +216,28 @@ def send(a: argparse.Namespace) -> int:
 
 @dataclass
 class TransferResult:
-    src: str
+    src: str  # the sender; several, comma-separated, for an incast into ``dst``
     dst: str
     transport: str
-    size: int
-    qps: int
+    size: int  # bytes per sender
+    qps: int  # QPs per sender
     intact: bool
     complete: bool
-    seconds: float
-    goodput_bps: float
+    seconds: float  # from the first sender's start to the last one's completion
+    goodput_bps: float  # all senders' bytes over ``seconds``
     line_rate_bps: int
     rtt_s: float
-    # Rate control the NICs ran. DCQCN's state machines exist (nic/dcqcn.py) but transfers do
-    # not run them yet, whatever the topology's nic.dcqcn says: reported, not implied.
-    rate_control: str
+    rate_control: str  # "DCQCN <profile>" or "none (line-rate pacing only)"
     retransmits: int
     timeouts: int
     data_packets: int
-    sender: dict = field(repr=False)
+    cnps: int  # CNPs the senders received
+    sender: dict = field(repr=False)  # the first sender's report
     receiver: dict = field(repr=False)
+    senders: list[dict] = field(default_factory=list, repr=False)
+    flows: list[dict] = field(default_factory=list)  # per sender: goodput, time, counters
+    dcqcn: dict | None = None  # the profile the NICs ran, emulated units
+    telemetry: dict = field(default_factory=dict, repr=False)  # see analysis.transfer_telemetry
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -195,10 +250,12 @@ def _path_rtt(plan, src: str, dst: str, tries: int = 4) -> float:
     from .. import measure
 
     best = float("inf")
-    for _ in range(tries):
+    for i in range(tries):
         r = measure.rtt(plan, src, dst, count=3, interval=0.05)
         best = min(best, r.min_s)
-        if r.max_s <= 2 * r.min_s + 0.002:
+        # A first round can wait behind the lookup as a whole (all three pings late alike):
+        # trust only a round that agrees with itself after one that has resolved the neighbours.
+        if i > 0 and r.max_s <= 2 * r.min_s + 0.002:
             break
     return best
 
@@ -210,24 +267,79 @@ def _host_port(plan, host: str):
     return ports[0]
 
 
-def run(plan, src: str, dst: str, size: int, qps: int, transport: str, timeout: float = 300.0,
-        chunk: int = CHUNK, seed: int = 1, rate_bps: float | None = None) -> TransferResult:
-    """Move ``size`` bytes from host ``src`` to host ``dst`` over ``qps`` QPs and check them.
-    The NICs send at the host link's rate, or at ``rate_bps`` if that is given."""
+def _ports_meta(plan) -> dict:
+    from ..plan import SWITCH_ROLES
+
+    return {f"{p.node}:{p.ifname}": {"rate_bps": getattr(p.egress, "rate_bps", None),
+                                     "buffer_bytes": getattr(p.egress, "buffer_bytes", None)}
+            for p in plan.ports() if plan.node(p.node).role in SWITCH_ROLES}
+
+
+def _ecn(plan) -> dict:
+    spec = plan.spec
+    e = spec.ecn
+    return {"kmin": spec.emulated_size(e.kmin), "kmax": spec.emulated_size(e.kmax), "pmax": e.pmax,
+            "source": list(e.source)}
+
+
+class PortSampler(threading.Thread):
+    """Calls ``sample()`` (the controller's port readings) every ``period`` seconds, or less
+    often when a reading is slow, until stopped."""
+
+    def __init__(self, sample, period: float) -> None:
+        super().__init__(daemon=True)
+        self.sample, self.period = sample, period
+        self.readings: list[dict] = []
+        self.error: str | None = None
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            began = time.monotonic()
+            try:
+                self.readings.append(self.sample())
+            except Exception as e:  # noqa: BLE001 - reported with the result, never a crash
+                self.error = f"{type(e).__name__}: {e}"
+                return
+            # Reading the maps costs the controller CPU the fabric needs (20x more in a VM
+            # without KVM): never spend more than a fifth of the time on it.
+            self._stop_event.wait(max(self.period, 4 * (time.monotonic() - began)))
+
+    def stop(self) -> list[dict]:
+        self._stop_event.set()
+        self.join(5)
+        return self.readings
+
+
+def run(plan, src: str | list[str], dst: str, size: int, qps: int, transport: str, timeout: float = 300.0,
+        chunk: int = CHUNK, seed: int = 1, rate_bps: float | None = None, cc: dcqcn.Profile | None = None,
+        sample_s: float = 0.0, sampler=None) -> TransferResult:
+    """Move ``size`` bytes from each host in ``src`` to host ``dst`` over ``qps`` QPs each, all
+    senders at once, and check every byte. The NICs send at the host link's rate, or at
+    ``rate_bps`` if that is given; ``cc`` is the DCQCN profile they run, in emulated units (None
+    or ``off``: none). With ``sample_s``, the NICs record their QPs' state that often and
+    ``sampler()`` (the controller's port readings) is called that often too."""
     from .. import netns
     from ..errors import MeasurementError
 
+    srcs = [src] if isinstance(src, str) else list(src)
     if transport not in MODES:
         raise MeasurementError(f"transport {transport!r}: use one of {', '.join(MODES)}")
-    port = _host_port(plan, src)
+    if len(set(srcs)) != len(srcs) or dst in srcs:
+        raise MeasurementError(f"senders must be distinct hosts other than the target: {', '.join(srcs)} -> {dst}")
+    ports = [_host_port(plan, h) for h in srcs]
     _host_port(plan, dst)
-    rate = rate_bps or port.egress.rate_bps
-    src_ip, dst_ip = str(port.address.ip), str(plan.host_address(dst))
-    rtt = _path_rtt(plan, src, dst)
+    rate = rate_bps or ports[0].egress.rate_bps
+    dst_ip = str(plan.host_address(dst))
+    src_ips = [str(p.address.ip) for p in ports]
+    rtt = max(_path_rtt(plan, h, dst) for h in srcs)
     # The NIC's serialiser may run ahead of the line by what the host's egress queue holds.
-    burst = max(2 * PKT_WIRE, port.egress.qdisc_limit - PKT_WIRE)
+    burst = max(2 * PKT_WIRE, ports[0].egress.qdisc_limit - PKT_WIRE)
+    running = cc if cc is not None and cc.enabled else None
+    t0 = time.monotonic()
     common = ["--qps", str(qps), "--size", str(size), "--mode", transport, "--rate", str(rate),
-              "--burst", str(burst), "--rtt", str(rtt), "--timeout", str(timeout)]
+              "--burst", str(burst), "--rtt", str(rtt), "--timeout", str(timeout), "--sample", str(sample_s),
+              "--t0", repr(t0), "--cc", json.dumps(asdict(running)) if running else ""]
     py = [sys.executable, "-m", "emulator.nic.transfer"]
     procs = []
 
@@ -248,28 +360,48 @@ def run(plan, src: str, dst: str, size: int, qps: int, transport: str, timeout: 
             raise MeasurementError(f"soft-NIC on {host} ended without a result: {p.stderr.read().strip()[-2000:]}")
         return json.loads(line)["result"]
 
+    sampling = PortSampler(sampler, sample_s) if sampler is not None and sample_s > 0 else None
     try:
-        server, s_ready = start(dst, ["serve", "--ip", dst_ip, "--peer", src_ip, *common])
-        client, c_ready = start(src, ["send", "--ip", src_ip, "--peer", dst_ip, "--chunk", str(chunk),
-                                      "--seed", str(seed), *common])
-        server.stdin.write(json.dumps(c_ready) + "\n")
+        server, s_ready = start(dst, ["serve", "--ip", dst_ip, "--peer", ",".join(src_ips), *common])
+        clients = [start(h, ["send", "--ip", ip, "--peer", dst_ip, "--chunk", str(chunk), "--seed", str(seed + i),
+                             *common]) for i, (h, ip) in enumerate(zip(srcs, src_ips))]
+        if sampling is not None:
+            sampling.start()
+        server.stdin.write(json.dumps({"flows": [r for _, r in clients]}) + "\n")
         server.stdin.flush()
-        client.stdin.write(json.dumps(s_ready) + "\n")
-        client.stdin.flush()
-        sent = result(client, src, timeout + 30)
+        for (p, _), flow in zip(clients, s_ready["flows"]):
+            p.stdin.write(json.dumps(flow) + "\n")
+            p.stdin.flush()
+        sent = [result(p, h, timeout + 30) for (p, _), h in zip(clients, srcs)]
         server.stdin.write("stop\n")
         server.stdin.flush()
         got = result(server, dst, 30)
     finally:
+        readings = sampling.stop() if sampling is not None else []
         for p in procs:
             if p.poll() is None:
                 p.kill()
             p.wait()
-    qsum = lambda key: sum(q[key] for q in sent["qps"])  # noqa: E731
-    return TransferResult(src, dst, transport, size, qps, intact=sent["sha256"] == got["sha256"] and got["complete"],
-                          complete=sent["complete"], seconds=sent["seconds"], goodput_bps=sent["goodput_bps"],
-                          line_rate_bps=rate, rtt_s=rtt, rate_control="none (line-rate pacing only)", retransmits=qsum("retransmits"), timeouts=qsum("timeouts"),
-                          data_packets=qsum("data_packets"), sender=sent, receiver=got)
+    flows = []
+    for h, r, digest in zip(srcs, sent, got["sha256"]):
+        flows.append({"src": h, "intact": r["sha256"] == digest and got["complete"], "complete": r["complete"],
+                      "started_s": r["started_s"], "seconds": r["seconds"], "goodput_bps": r["goodput_bps"],
+                      **{k: sum(q[k] for q in r["qps"]) for k in ("data_packets", "retransmits", "timeouts", "cnps_received")}})
+    begin = min(f["started_s"] for f in flows)
+    span = max(f["started_s"] + f["seconds"] for f in flows) - begin
+    complete = all(f["complete"] for f in flows)
+    telemetry = {"t0_monotonic": t0, "sample_s": sample_s, "senders": {h: r["telemetry"] for h, r in zip(srcs, sent)},
+                 "receiver": got["telemetry"], "ports": readings,
+                 "ports_error": sampling.error if sampling is not None else None,
+                 "ports_meta": _ports_meta(plan), "ecn": _ecn(plan)}
+    return TransferResult(
+        ",".join(srcs), dst, transport, size, qps, intact=all(f["intact"] for f in flows), complete=complete,
+        seconds=span, goodput_bps=len(srcs) * size * 8 / span if complete and span > 0 else 0.0, line_rate_bps=rate,
+        rtt_s=rtt, rate_control=f"DCQCN {running.name}" if running else "none (line-rate pacing only)",
+        retransmits=sum(f["retransmits"] for f in flows), timeouts=sum(f["timeouts"] for f in flows),
+        data_packets=sum(f["data_packets"] for f in flows), cnps=sum(f["cnps_received"] for f in flows),
+        sender=sent[0], receiver=got, senders=sent, flows=flows, dcqcn=asdict(running) if running else None,
+        telemetry=telemetry)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=CHUNK)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--cc", default="", help="DCQCN profile as JSON (already scaled); empty: none")
+    ap.add_argument("--sample", type=float, default=0.0, help="telemetry period, s (0: none)")
+    ap.add_argument("--t0", type=float, default=0.0, help="the orchestrator's CLOCK_MONOTONIC origin")
     a = ap.parse_args(argv)
     return serve(a) if a.role == "serve" else send(a)
 

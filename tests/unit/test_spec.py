@@ -156,6 +156,14 @@ ERRORS = [
     (with_("pfc.watchdog", {"action": "panic"}), "pfc.watchdog.action", "must be one of"),
     (with_("nic.transport", "tcp"), "nic.transport", "must be one of"),
     (with_("nic.qps_per_pair", 0), "nic.qps_per_pair", "at least 1"),
+    (with_("nic.dcqcn", "dctcp"), "nic.dcqcn", "must be one of"),
+    (with_("nic.dcqcn", {"g": 0.01}), "nic.dcqcn.profile", "is required"),
+    (with_("nic.dcqcn", {"profile": "nvidia", "gain": 0.01}), "nic.dcqcn.gain", "unknown key"),
+    (with_("nic.dcqcn", {"profile": "nvidia", "g": 1.5}), "nic.dcqcn.g", "in (0, 1)"),
+    (with_("nic.dcqcn", {"profile": "nvidia", "timer": "fast"}), "nic.dcqcn.timer", ""),
+    (with_("nic.dcqcn", {"profile": "nvidia", "fast_recovery": 0}), "nic.dcqcn.fast_recovery", "at least 1"),
+    (with_("nic.dcqcn", {"profile": "off", "g": 0.5}), "nic.dcqcn", "takes no fields"),
+    (with_("nic.dcqcn", {"profile": "paper", "kmin": "1MB"}), "nic.dcqcn", "below kmin"),
 ]
 
 
@@ -196,3 +204,34 @@ def test_spec_is_frozen():
     s = load(MINIMAL)
     with pytest.raises(AttributeError):
         s.scale = 1.0
+
+
+def test_dcqcn_profile_fields_are_overridden_one_by_one():
+    s = load(with_("nic.dcqcn", {"profile": "nvidia", "g": 0.25, "timer": "55us", "byte_counter": 0,
+                                  "rate_ai": "40Mbps", "min_rate": "10Mbps"}))
+    p = s.nic.dcqcn_profile(s.links.host)
+    assert s.nic.dcqcn == "nvidia"
+    assert (p.g, p.timer_s, p.byte_counter) == (0.25, pytest.approx(55e-6), 0)
+    assert (p.rate_ai_bps, p.min_rate_bps) == (40e6, 10e6)
+    # untouched fields keep the profile's values
+    assert p.fast_recovery == 1 and p.rate_hai_bps == 50e6 and p.alpha_period_s == pytest.approx(1e-6)
+
+
+def test_bare_off_is_the_off_profile():
+    # YAML reads `dcqcn: off` as false
+    s = spec.parse("version: 1\ndatacenters: [{name: east, spines: 1, leaves: 1, hosts_per_leaf: 2}]\n"
+                   "nic: {dcqcn: off}\n")
+    assert s.nic.dcqcn == "off" and not s.nic.dcqcn_profile(s.links.host).enabled
+
+
+def test_ecn_thresholds_come_from_the_topology_then_the_profile_then_the_paper():
+    doc = with_("nic.dcqcn", "hpcc-ns3", {k: v for k, v in MINIMAL.items() if k != "ecn"})
+    s = load(doc)
+    # hpcc-ns3: 100 KB and 400 KB per 25 Gb/s of host link (400 Gb/s here), Pmax 20%
+    assert (s.ecn.kmin, s.ecn.kmax, s.ecn.pmax) == (1_600_000, 6_400_000, pytest.approx(0.2))
+    assert s.ecn.source == ("profile hpcc-ns3",) * 3
+    s = load(with_("ecn", {"kmax": "8MB"}, doc))
+    assert (s.ecn.kmin, s.ecn.kmax) == (1_600_000, 8_000_000)
+    assert s.ecn.source == ("profile hpcc-ns3", "ecn", "profile hpcc-ns3")
+    s = load(with_("nic.dcqcn", "nvidia", doc))  # nvidia leaves the thresholds to the switch
+    assert (s.ecn.kmin, s.ecn.kmax, s.ecn.pmax, s.ecn.source) == (5000, 200_000, pytest.approx(0.01), ("default",) * 3)

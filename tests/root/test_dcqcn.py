@@ -1,0 +1,69 @@
+"""DCQCN closed loop on a real incast: four hosts on one leaf write into one host on the other
+(topologies/incast.yaml), so the far leaf's port to that host is the one queue they share.
+
+With DCQCN the switch marks, the receiver's NIC answers with CNPs, the senders cut their rates
+and the shared queue stays low with nothing dropped; with ``off`` the same load overruns the
+buffer. Every figure comes from the datapath's maps and the NICs' own counters.
+"""
+from __future__ import annotations
+
+import pytest
+
+from emulator import spec
+
+from .conftest import TOPOLOGIES, bp_json
+
+SENDERS = "dc-host0,dc-host1,dc-host2,dc-host3"
+TARGET = "dc-host5"
+BOTTLENECK = "dc-leaf1:eth0"  # the leaf's port to dc-host5
+
+
+def incast(name: str, profile: str) -> dict:
+    r = bp_json("run", "transfer", "--name", name, SENDERS, TARGET, "--size", "8MB", "--dcqcn", profile,
+                "--sample", "5ms")
+    assert r["intact"] and r["complete"], [s["failed"] for s in r["senders"]]
+    port = next(p for p in r["figures"]["ports"] if p["port"] == BOTTLENECK)
+    print(f"{profile}: {r['goodput_bps'] / 1e6:.0f} Mb/s, {r['cnps']} CNPs, {r['retransmits']} resent; "
+          f"{BOTTLENECK} depth p50/p90/p99/max {port['depth_p50']}/{port['depth_p90']}/{port['depth_p99']}/"
+          f"{port['depth_max']} B, {port['ecn_marks']} marks, {port['buffer_drops']} drops, "
+          f"utilisation {port['utilisation']:.2f}; Jain {r['figures']['fairness']['jain_whole']:.3f}")
+    return r | {"bottleneck": port}
+
+
+@pytest.fixture(scope="module")
+def incast_fabric():
+    from .conftest import bp, nothing_left
+
+    name = "dcq"
+    bp("up", str(TOPOLOGIES / "incast.yaml"), "--name", name)
+    yield name
+    bp("clean", "--name", name, check=False)
+    assert not nothing_left(name)
+
+
+@pytest.mark.parametrize("profile", ["nvidia", "hpcc-ns3", "paper"])
+def test_dcqcn_keeps_the_shared_queue_low_without_drops(incast_fabric, profile):
+    s = spec.load(TOPOLOGIES / "incast.yaml")
+    kmax = s.emulated_size(s.ecn.kmax)
+    r = incast(incast_fabric, profile)
+    q = r["bottleneck"]
+    assert r["rate_control"] == f"DCQCN {profile}"
+    assert q["ecn_marks"] > 0 and r["cnps"] > 0
+    # The receiver answered marks with CNPs, and the senders cut their rates below the line.
+    assert sum(q_["cnps_sent"] for q_ in r["receiver"]["qps"]) == r["cnps"]
+    rates = [x for tel in r["telemetry"]["senders"].values() for qp in tel["qps"].values() for x in qp["rate_bps"]]
+    assert min(rates) < 0.5 * r["line_rate_bps"]
+    assert q["buffer_drops"] == 0, "the shared buffer dropped packets with DCQCN on"
+    assert q["depth_p50"] <= kmax  # the queue sits below Kmax most of the time
+    assert q["depth_max"] < q["buffer_bytes"]
+
+
+def test_without_dcqcn_the_same_incast_overruns_the_buffer(incast_fabric):
+    s = spec.load(TOPOLOGIES / "incast.yaml")
+    kmax = s.emulated_size(s.ecn.kmax)
+    r = incast(incast_fabric, "off")
+    q = r["bottleneck"]
+    assert r["rate_control"].startswith("none") and r["cnps"] == 0
+    assert q["ecn_marks"] > 0  # the switch still marks; nobody listens
+    assert q["buffer_drops"] > 0 and r["retransmits"] >= q["buffer_drops"]
+    assert q["depth_p50"] > kmax

@@ -1,0 +1,61 @@
+"""Figures from a transfer's telemetry, on hand-made series whose answers are known."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from emulator import report
+
+
+def test_jain_index():
+    assert report.jain([5, 5, 5, 5]) == pytest.approx(1.0)
+    assert report.jain([1, 0, 0, 0]) == pytest.approx(0.25)  # one flow has it all: 1/n
+    assert report.jain([1, 3]) == pytest.approx(16 / 20)
+
+
+def test_nearest_rank_percentile():
+    xs = list(range(1, 101))
+    assert report.percentile(xs, 50) == 50 and report.percentile(xs, 99) == 99 and report.percentile(xs, 100) == 100
+    assert math.isnan(report.percentile([], 50))
+
+
+def _result(rates_a, rates_b, period=0.01, depths=(0, 0)):
+    """Two senders sampled every ``period`` sending at the given constant rates (bit/s) per interval."""
+    def series(rates):
+        t, tx, total = [0.0], [0], 0
+        for k, r in enumerate(rates):
+            total += int(r * period / 8)
+            t.append((k + 1) * period)
+            tx.append(total)
+        return {"t": t, "qps": {"256": {"tx_bytes": tx, "rate_bps": [0] * len(t)}}}
+
+    n = len(rates_a)
+    readings = [{"t": 100.0 + k * period, "ports": [["leaf:eth0", depths[k % len(depths)], int(k * period * 50e6), k, 0],
+                                                     ["leaf:eth1", 0, 0, 0, 0]]} for k in range(n + 1)]
+    return {"flows": [{"started_s": 0.0, "seconds": n * period}, {"started_s": 0.0, "seconds": n * period}],
+            "telemetry": {"t0_monotonic": 100.0, "senders": {"a": series(rates_a), "b": series(rates_b)},
+                          "ports": readings, "ports_meta": {"leaf:eth0": {"rate_bps": 400e6, "buffer_bytes": 1000}}}}
+
+
+def test_fairness_finds_when_the_flows_settled():
+    # unfair (300/100) for 5 intervals, then equal
+    r = _result([300e6] * 5 + [200e6] * 10, [100e6] * 5 + [200e6] * 10)
+    f = report.fairness(r, 0.01)
+    assert f["jain"][0] == pytest.approx(report.jain([3, 1]))
+    assert f["fair_after_s"] == pytest.approx(0.05)
+    assert f["jain_min"] == pytest.approx(0.8)
+
+
+def test_fairness_never_settles_when_one_flow_starves():
+    f = report.fairness(_result([390e6] * 10, [10e6] * 10), 0.01)
+    assert f["fair_after_s"] is None and f["jain_whole"] < 0.6
+
+
+def test_port_figures_cover_only_ports_that_did_something():
+    ports = report.ports(_result([200e6] * 10, [200e6] * 10, depths=(0, 4000, 8000, 4000)))
+    assert [p["port"] for p in ports] == ["leaf:eth0"]
+    p = ports[0]
+    assert p["depth_max"] == 8000 and p["depth_p50"] == 4000
+    assert p["ecn_marks"] == 10 and p["buffer_drops"] == 0
+    assert p["utilisation"] == pytest.approx(400e6 / 400e6)  # 50 MB/s dequeued on a 400 Mb/s port
