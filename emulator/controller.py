@@ -109,8 +109,9 @@ class Controller:
             dp = self._datapath()
             if mode not in spec.HASH_MODES:
                 raise errors.BackplaneError(f"hash mode {mode!r}: use one of {', '.join(spec.HASH_MODES)}")
-            e = self.plan.spec.ecn
-            dp.set_config(mode, self.plan.spec.emulated_size(e.kmin), self.plan.spec.emulated_size(e.kmax), e.pmax)
+            from .bpf import install
+
+            install.config(dp, self.plan.spec, mode)
             self.hash_mode = mode
             return {"ok": True, "hash": mode}, False
         if op == "down":

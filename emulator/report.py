@@ -133,7 +133,7 @@ def plot(result: dict, path: str | Path) -> Path:
     for host, s in (tel.get("senders") or {}).items():
         for qpn, q in s["qps"].items():
             top.plot(s["t"], [r / 1e6 for r in q["rate_bps"]], lw=0.8, label=f"{host} QP {int(qpn):#x}")
-    top.set_ylabel("DCQCN rate Rc (Mb/s)")
+    top.set_ylabel("DCQCN rate Rc,\nmean per sample (Mb/s)")
     top.set_title(f"{result['src']} -> {result['dst']}: {result['rate_control']}, {result['transport']}")
     times, rates = flow_rates(result)
     for host, r in rates.items():
@@ -147,10 +147,9 @@ def plot(result: dict, path: str | Path) -> Path:
         i = names.index(p["port"])
         bottom.plot([r["t"] - t0 for r in readings], [r["ports"][i][1] / 1e3 for r in readings], lw=0.8, label=p["port"])
     ecn = tel.get("ecn") or {}
-    for key in ("kmin", "kmax"):
+    for key, style in (("kmin", ":"), ("kmax", "--")):
         if ecn.get(key):
-            bottom.axhline(ecn[key] / 1e3, ls="--", lw=0.6, color="grey")
-            bottom.annotate(key, (0, ecn[key] / 1e3), fontsize=7, color="grey")
+            bottom.axhline(ecn[key] / 1e3, ls=style, lw=0.8, color="grey", label=f"{key.capitalize()} {ecn[key] / 1e3:g} KB")
     bottom.set_ylabel("queue depth (KB)")
     bottom.set_xlabel("time (s)")
     for ax in (top, mid, bottom):

@@ -12,6 +12,7 @@ from pyroute2 import IPRoute
 
 from ..errors import FabricError
 from ..plan import SWITCH_ROLES, FabricPlan, Port, Shaping
+from ..spec import FabricSpec
 from . import structs as S
 from .datapath import Datapath
 
@@ -32,11 +33,17 @@ def port_entry(plan: FabricPlan, port: Port, loss_in_ebpf: bool = False) -> S.Po
                   S.mac_bytes(plan.next_hop(port).mac), min(0xFFFFFFFF, round(loss * 2**32)))
 
 
+def config(datapath: Datapath, spec: FabricSpec, hash_mode: str | None = None) -> None:
+    """The hash mode and the ECN thresholds the switches mark with: the topology's ``ecn``, or
+    its DCQCN profile's, or the paper's (spec.ecn has them resolved), scaled."""
+    e = spec.ecn
+    datapath.set_config(hash_mode or spec.ecmp.hash, spec.emulated_size(e.kmin), spec.emulated_size(e.kmax), e.pmax)
+
+
 def program(datapath: Datapath, plan: FabricPlan, loss_in_ebpf: bool = False) -> int:
     """Write the plan's ports, routes and settings into the maps; returns the routes written."""
     spec = plan.spec
-    datapath.set_config(spec.ecmp.hash, spec.emulated_size(spec.ecn.kmin), spec.emulated_size(spec.ecn.kmax),
-                        spec.ecn.pmax)
+    config(datapath, spec)
     datapath.set_dscp_prio(spec.pfc.priority)
     for port in plan.ports():
         datapath.set_port(port.ifindex, port_entry(plan, port, loss_in_ebpf))

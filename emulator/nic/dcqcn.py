@@ -112,15 +112,32 @@ class ReactionPoint:
         self._next_alpha = math.inf  # alpha decays only after a CNP has set it
         self._next_timer = math.inf  # the increase timer runs only while below line rate
         self.now = now
+        self._start = now
+        self._bits = 0.0  # the integral of Rc over time: mean rates between any two readings
+        self._bits_t = now
 
     @property
     def rate_bps(self) -> float:
         return self.rc if self.p.enabled else self.line
 
+    def allowed_bits(self, now: float) -> float:
+        """The integral of the rate from the start to ``now``: what the QP may have sent."""
+        if not self.p.enabled:
+            return self.line * (now - self._start)
+        self.advance(now)
+        self._account(now)
+        return self._bits
+
+    def _account(self, t: float) -> None:
+        if t > self._bits_t:
+            self._bits += self.rc * (t - self._bits_t)
+            self._bits_t = t
+
     def on_cnp(self, now: float) -> None:
         if not self.p.enabled:
             return
         self.advance(now)
+        self._account(now)
         self.cnps += 1
         self.rt = self.rc
         self.rc = max(self.p.min_rate_bps, self.rc * (1 - self.alpha / 2))
@@ -136,6 +153,7 @@ class ReactionPoint:
         self.advance(now)
         if not self.p.byte_counter or self.rc >= self.line:
             return
+        self._account(now)
         self.bytes += nbytes
         while self.bytes >= self.p.byte_counter:
             self.bytes -= self.p.byte_counter
@@ -151,6 +169,7 @@ class ReactionPoint:
         while self._next_timer <= now + EPS:
             t = self._next_timer
             self._decay_through(t)
+            self._account(t)
             self.i += 1
             self._next_timer += self.p.timer_s
             self._increase()

@@ -276,16 +276,17 @@ class SoftNic:
             self.step(max_wait)
         return True
 
-    def qp_state(self, qpn: int) -> tuple[float, float, float, int, int, int, int]:
-        """(rate, target rate, alpha, CNPs received, CNPs sent, CE-marked packets received,
-        bytes sent) of one QP now; without DCQCN the rate is the line's and alpha 0."""
+    def qp_state(self, qpn: int) -> tuple[float, float, float, float, int, int, int, int]:
+        """(bits the rate allowed since the start, rate, target rate, alpha, CNPs received,
+        CNPs sent, CE-marked packets received, bytes sent) of one QP now; without DCQCN the
+        rate is the line's and alpha 0."""
         qp = self.qps[qpn]
         rp = qp.rp
+        now = self.clock()
         line = self._rate * 8
-        if rp is not None:
-            rp.advance(self.clock())
-        return (rp.rc if rp else line, rp.rt if rp else line, rp.alpha if rp else 0.0, qp.stats.cnps_received,
-                qp.stats.cnps_sent, self.ce_data[qpn], self.tx_bytes[qpn])
+        allowed = rp.allowed_bits(now) if rp else line * now
+        return (allowed, rp.rc if rp else line, rp.rt if rp else line, rp.alpha if rp else 0.0,
+                qp.stats.cnps_received, qp.stats.cnps_sent, self.ce_data[qpn], self.tx_bytes[qpn])
 
     def stats(self) -> dict:
         return {"rx_packets": self.counters.rx_packets, "tx_packets": self.counters.tx_packets,

@@ -90,13 +90,16 @@ class Recorder:
     MONOTONIC is one clock for every namespace): rate and target rate, alpha, CNPs received and
     sent, CE-marked data received, bytes sent."""
 
-    COLUMNS = ("rate_bps", "target_bps", "alpha", "cnps_received", "cnps_sent", "ce_received", "tx_bytes")
+    # rate_bps: DCQCN's Rc averaged over the interval ending at the sample (cuts and recoveries
+    # faster than the period still show); rc_bps: Rc at the sample.
+    COLUMNS = ("rate_bps", "rc_bps", "target_bps", "alpha", "cnps_received", "cnps_sent", "ce_received", "tx_bytes")
 
     def __init__(self, nic: SoftNic, qps: list, period: float, t0: float) -> None:
         self.nic, self.qps, self.period, self.t0 = nic, qps, period, t0
         self.t: list[float] = []
         self.series = {q.qpn: {c: [] for c in self.COLUMNS} for q in qps}
         self._next = 0.0
+        self._last: dict[int, tuple[float, float]] = {}  # qpn -> (time, allowed bits)
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -105,7 +108,11 @@ class Recorder:
         self._next = now + self.period
         self.t.append(round(now - self.t0, 6))
         for q in self.qps:
-            for col, v in zip(self.COLUMNS, self.nic.qp_state(q.qpn)):
+            allowed, rc, *rest = self.nic.qp_state(q.qpn)
+            t_prev, a_prev = self._last.get(q.qpn, (None, None))
+            mean = (allowed - a_prev) / (now - t_prev) if t_prev is not None and now > t_prev else rc
+            self._last[q.qpn] = (now, allowed)
+            for col, v in zip(self.COLUMNS, (mean, rc, *rest)):
                 self.series[q.qpn][col].append(v)
 
     def as_dict(self) -> dict:

@@ -144,3 +144,16 @@ def test_the_pacer_holds_a_qp_to_its_current_rate():
     assert not pacer(0.0019, 6_000) and pacer(0.002, 6_000)
     rp.on_cnp(0.002)  # half the rate: the debt takes twice as long to pay
     assert pacer.wait(0.002) == pytest.approx(6_000 / 0.5e6)
+
+
+def test_the_rate_integral_follows_every_cut_and_increase():
+    """allowed_bits is the area under Rc: telemetry's mean rate between two readings."""
+    rp = ReactionPoint(profile("paper", L), L)
+    assert rp.allowed_bits(10 * US) == pytest.approx(L * 10 * US)  # at line rate until a CNP
+    rp.on_cnp(10 * US)  # Rc = L/2 from 10 us
+    # 65 us: the first timer stage at 65 us lifts Rc to 3L/4 (fast recovery towards Rt = L)
+    area = L * 10 * US + L / 2 * 55 * US + 0.75 * L * 5 * US
+    assert rp.allowed_bits(70 * US) == pytest.approx(area)
+    off = ReactionPoint(profile("off", L), L)
+    off.on_cnp(1 * US)
+    assert off.allowed_bits(100 * US) == pytest.approx(L * 100 * US)

@@ -1,0 +1,39 @@
+"""What user space writes into the maps before any packet: the switches' ECN thresholds come
+from the topology's ecn section, else the NIC's DCQCN profile, else the paper's, scaled."""
+from __future__ import annotations
+
+import ctypes as ct
+
+import pytest
+
+from emulator import spec
+from emulator.bpf import install
+from emulator.bpf import structs as S
+
+BASE = """version: 1
+scale: 0.001
+datacenters: [{name: east, spines: 1, leaves: 1, hosts_per_leaf: 2}]
+"""
+
+
+def _config(dp):
+    c = dp.bpf["bp_config"][ct.c_int(0)]
+    return c.hash_mode, c.kmin, c.kmax, c.pmax
+
+
+@pytest.mark.parametrize("extra,expected", [
+    ("nic: {dcqcn: hpcc-ns3}", (1600, 6400, 0.2)),  # 100/400 KB per 25G at 400G, scaled
+    ("nic: {dcqcn: hpcc-ns3}\necn: {kmax: 8MB}", (1600, 8000, 0.2)),
+    ("nic: {dcqcn: {profile: paper, kmin: 20KB, pmax: 5%}}", (20, 200, 0.05)),
+    ("nic: {dcqcn: nvidia}", (5, 200, 0.01)),  # nvidia leaves them to the switch: the paper's
+])
+def test_thresholds_reach_the_map(dp, extra, expected):
+    before = _config(dp)
+    try:
+        install.config(dp, spec.parse(BASE + extra))
+        mode, kmin, kmax, pmax = _config(dp)
+        assert (mode, kmin, kmax) == (S.HASH_MODES["five-tuple"], *expected[:2])
+        assert pmax == round(expected[2] * S.PROB_ONE)
+    finally:
+        c = S.Config(*before)
+        dp.bpf["bp_config"][ct.c_int(0)] = c
