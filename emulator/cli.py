@@ -380,6 +380,10 @@ def format_transfer(body: dict) -> list[str]:
              f"({r['goodput_bps'] / line:.2f} of one host link), {r['data_packets']} packets, "
              f"{r['retransmits']} retransmitted, {r['timeouts']} timeouts, {r['cnps']} CNPs",
              f"  rate control: {r['rate_control']}"]
+    delay = r["receiver"]["nic"].get("cnp_delay_s")
+    if delay:
+        lines.append(f"  CNPs left the receiver {delay['p50'] * 1e3:.2f} ms (p50; p90 {delay['p90'] * 1e3:.2f}, max "
+                     f"{delay['max'] * 1e3:.2f}) after their marked packet arrived")
     if len(r["flows"]) > 1:
         lines.append(f"  {'sender':<16} {'start s':>8} {'time s':>8} {'goodput':>12} {'retx':>6} {'CNPs':>6}")
         for f in r["flows"]:

@@ -82,6 +82,7 @@ class SoftNic:
         self._rr = 0
         self.tx_bytes: dict[int, int] = {}  # qpn -> bytes this QP put on the host link
         self.ce_data: dict[int, int] = {}  # qpn -> CE-marked data packets it received
+        self.cnp_delays: list[float] = []  # s from a marked packet's arrival to its CNP's send
         self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE if _root() else socket.SO_RCVBUF, RCVBUF)
         self.rx.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
@@ -204,6 +205,8 @@ class SoftNic:
             self.ce_data[qp.qpn] += 1
             if qp.qpn in self._np and self._np[qp.qpn].on_ce(now if arrived is None else arrived):
                 self._send_cnp(qp)
+                if arrived is not None:  # how late the answer left: the loop's share of the feedback delay
+                    self.cnp_delays.append(time.time() - arrived)
         if qp.outbox:  # answer at once: an ACK held back behind a batch looks like loss to the peer
             for parts in qp.outbox:
                 self._tokens -= self._send(qp.qpn, parts)
@@ -291,7 +294,14 @@ class SoftNic:
     def stats(self) -> dict:
         return {"rx_packets": self.counters.rx_packets, "tx_packets": self.counters.tx_packets,
                 "rx_ce": self.counters.rx_ce, "socket_overflow": self.counters.socket_overflow,
-                "dropped": dict(self.counters.dropped)}
+                "dropped": dict(self.counters.dropped), "cnp_delay_s": _summary(self.cnp_delays)}
+
+
+def _summary(xs: list[float]) -> dict | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return {"count": len(s), "p50": s[len(s) // 2], "p90": s[int(len(s) * 0.9)], "max": s[-1]}
 
 
 def _root() -> bool:
