@@ -66,4 +66,7 @@ def test_without_dcqcn_the_same_incast_overruns_the_buffer(incast_fabric):
     assert r["rate_control"].startswith("none") and r["cnps"] == 0
     assert q["ecn_marks"] > 0  # the switch still marks; nobody listens
     assert q["buffer_drops"] > 0 and r["retransmits"] >= q["buffer_drops"]
-    assert q["depth_p50"] > kmax
+    # Windows of 4 x 32 frames against 60 frames of buffer: the queue stands far above Kmax.
+    # (p90, not the median: on a loaded machine the senders start unevenly and the median
+    # sample can fall before the queue builds.)
+    assert q["depth_p90"] > kmax
