@@ -327,6 +327,7 @@ def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, tran
     and the report adds their fairness and the switch queues they built."""
     need_root("run transfer")
     from . import report
+    from .nic import dcqcn as dcqcn_mod
     from .nic import transfer
 
     fabric_plan = _running_plan(name)
@@ -349,8 +350,9 @@ def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, tran
         except KeyError:
             raise click.BadParameter(f"no node {host!r} in fabric {name!r}")
     fspec = fabric_plan.spec
-    profile = (nic.dcqcn_profile(fspec.links.host) if dcqcn is None or dcqcn == nic.dcqcn
-               else spec.Nic(dcqcn=dcqcn).dcqcn_profile(fspec.links.host))
+    # The topology's profile with its overrides, or another one as its sources give it.
+    profile = (nic.dcqcn_profile(fspec.links.host) if dcqcn in (None, nic.dcqcn)
+               else dcqcn_mod.profile(dcqcn, fspec.links.host))
     sampler = (lambda: client.request(name, {"op": "sample"})) if fspec.ecmp.datapath == "ebpf" else None
     r = transfer.run(fabric_plan, srcs, dst, nbytes, qps, transport, timeout=timeout,
                      cc=profile.scaled(fspec.scale), sample_s=period, sampler=sampler)

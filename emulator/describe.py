@@ -62,6 +62,14 @@ def _port(fabric: "Fabric", port: Port) -> dict:
     }
 
 
+def ecn_thresholds(spec) -> dict:
+    """The switches' ECN thresholds, real and emulated, with where each came from."""
+    e = spec.ecn
+    kmin, kmax, _ = spec.emulated_ecn()
+    return {"kmin": e.kmin, "kmax": e.kmax, "pmax": e.pmax, "source": dict(zip(("kmin", "kmax", "pmax"), e.source)),
+            "emulated_kmin": kmin, "emulated_kmax": kmax}
+
+
 def fabric(f: "Fabric", measure_rtt: bool = True) -> dict:
     plan = f.plan
     spec = plan.spec
@@ -94,12 +102,8 @@ def fabric(f: "Fabric", measure_rtt: bool = True) -> dict:
             if p.loss else None,
         })
     out["datapath"] = spec.ecmp.datapath
-    e = spec.ecn
-    out["congestion"] = {
-        "dcqcn": spec.nic.dcqcn, "dcqcn_overrides": dict(spec.nic.dcqcn_overrides),
-        "ecn": {"kmin": e.kmin, "kmax": e.kmax, "pmax": e.pmax, "source": dict(zip(("kmin", "kmax", "pmax"), e.source)),
-                "emulated_kmin": spec.emulated_size(e.kmin), "emulated_kmax": spec.emulated_size(e.kmax)},
-    }
+    out["congestion"] = {"dcqcn": spec.nic.dcqcn, "dcqcn_overrides": dict(spec.nic.dcqcn_overrides),
+                         "ecn": ecn_thresholds(spec)}
     if f.datapath is not None:
         from . import telemetry
 

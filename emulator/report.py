@@ -68,14 +68,18 @@ def ports(result: dict) -> list[dict]:
     return sorted(out, key=lambda p: -(p["utilisation"] or 0) - p["depth_p50"] / 1e9)
 
 
+def _sent(tel: dict) -> list[int]:
+    """A sender's bytes sent by each sample, its QPs summed."""
+    return [sum(q["tx_bytes"][k] for q in tel["qps"].values()) for k in range(len(tel["t"]))]
+
+
 def flow_rates(result: dict) -> tuple[list[float], dict[str, list[float]]]:
     """Each sender's rate (bit/s, its QPs summed) per sample interval: (interval ends, rates)."""
     senders = result["telemetry"].get("senders") or {}
     series: dict[str, list[float]] = {}
     times: list[float] = []
     for host, tel in senders.items():
-        t = tel["t"]
-        total = [sum(q["tx_bytes"][k] for q in tel["qps"].values()) for k in range(len(t))]
+        t, total = tel["t"], _sent(tel)
         series[host] = [(total[k] - total[k - 1]) * 8 / (t[k] - t[k - 1]) if t[k] > t[k - 1] else 0.0
                         for k in range(1, len(t))]
         times = times or t[1:]
@@ -92,9 +96,7 @@ def fairness(result: dict, window_s: float) -> dict:
     grid = [begin + k * window_s for k in range(int((end - begin) // window_s) + 1)]
     sent: dict[str, list[float]] = {}
     for host, tel in senders.items():
-        t = tel["t"]
-        total = [sum(q["tx_bytes"][k] for q in tel["qps"].values()) for k in range(len(t))]
-        sent[host] = [_interp(t, total, g) for g in grid]
+        sent[host] = [_interp(tel["t"], _sent(tel), g) for g in grid]
     index = []
     for k in range(1, len(grid)):
         index.append(jain([(sent[h][k] - sent[h][k - 1]) for h in sent]))
@@ -148,8 +150,9 @@ def plot(result: dict, path: str | Path) -> Path:
         bottom.plot([r["t"] - t0 for r in readings], [r["ports"][i][1] / 1e3 for r in readings], lw=0.8, label=p["port"])
     ecn = tel.get("ecn") or {}
     for key, style in (("kmin", ":"), ("kmax", "--")):
-        if ecn.get(key):
-            bottom.axhline(ecn[key] / 1e3, ls=style, lw=0.8, color="grey", label=f"{key.capitalize()} {ecn[key] / 1e3:g} KB")
+        size = ecn.get(f"emulated_{key}")
+        if size:
+            bottom.axhline(size / 1e3, ls=style, lw=0.8, color="grey", label=f"{key.capitalize()} {size / 1e3:g} KB")
     bottom.set_ylabel("queue depth (KB)")
     bottom.set_xlabel("time (s)")
     for ax in (top, mid, bottom):

@@ -154,6 +154,10 @@ class FabricSpec:
     def emulated_size(self, real_bytes: int) -> int:
         return round(real_bytes * self.scale)
 
+    def emulated_ecn(self) -> tuple[int, int, float]:
+        """(Kmin, Kmax, Pmax) as the switches mark: bytes scaled."""
+        return self.emulated_size(self.ecn.kmin), self.emulated_size(self.ecn.kmax), self.ecn.pmax
+
     @property
     def cross_dc(self) -> bool:
         return len(self.datacenters) == 2
@@ -339,7 +343,7 @@ def parse(text: str, file: str = "<string>") -> FabricSpec:
         datacenters=datacenters,
         wan_paths=wan_paths,
         ecmp=_ecmp(r, top),
-        ecn=_ecn_resolved(r, top, nic, links),
+        ecn=_ecn(r, top, nic, links),
         pfc=_pfc(r, top),
         nic=nic,
     )
@@ -458,18 +462,6 @@ def _ecmp(r: _Reader, top: dict) -> Ecmp:
                 datapath=r.get(m, "ecmp", "datapath", _choice(DATAPATHS), "ebpf"))
 
 
-def _ecn(r: _Reader, top: dict) -> Ecn:
-    m = r.mapping(top.get("ecn"), "ecn", ("kmin", "kmax", "pmax"))
-    ecn = Ecn(
-        kmin=r.get(m, "ecn", "kmin", _size, Ecn.kmin),
-        kmax=r.get(m, "ecn", "kmax", _size, Ecn.kmax),
-        pmax=r.get(m, "ecn", "pmax", _probability, Ecn.pmax),
-    )
-    if ecn.kmax < ecn.kmin:
-        raise r.fail("ecn.kmax", f"must not be below ecn.kmin ({ecn.kmax} < {ecn.kmin} bytes)")
-    return ecn
-
-
 def _pfc(r: _Reader, top: dict) -> Pfc:
     m = r.mapping(top.get("pfc"), "pfc", ("enabled", "priority", "xoff", "xon", "watchdog"))
     w = r.mapping(m.get("watchdog"), "pfc.watchdog", ("detection_time", "restoration_time", "action"))
@@ -534,17 +526,17 @@ def _nic(r: _Reader, top: dict) -> Nic:
     )
 
 
-def _ecn_resolved(r: _Reader, top: dict, nic: Nic, links: LinkRates) -> Ecn:
+def _ecn(r: _Reader, top: dict, nic: Nic, links: LinkRates) -> Ecn:
     """The switches' ECN thresholds, field by field: the topology's ``ecn`` section first, then
     what the NIC's DCQCN profile names (hpcc-ns3's grow with the host link's rate), then the
     DCQCN paper's defaults."""
-    explicit = _ecn(r, top)
-    given = set(r.mapping(top.get("ecn"), "ecn", ("kmin", "kmax", "pmax")))
+    m = r.mapping(top.get("ecn"), "ecn", ("kmin", "kmax", "pmax"))
+    parsers = {"kmin": _size, "kmax": _size, "pmax": _probability}
     prof = nic.dcqcn_profile(links.host)
     values, sources = {}, []
-    for key in ("kmin", "kmax", "pmax"):
-        if key in given:
-            values[key], src = getattr(explicit, key), "ecn"
+    for key, parse in parsers.items():
+        if key in m:
+            values[key], src = r.get(m, "ecn", key, parse), "ecn"
         elif getattr(prof, key) is not None:
             values[key], src = getattr(prof, key), f"profile {prof.name}"
         else:
@@ -552,8 +544,9 @@ def _ecn_resolved(r: _Reader, top: dict, nic: Nic, links: LinkRates) -> Ecn:
         sources.append(src)
     ecn = Ecn(values["kmin"], values["kmax"], values["pmax"], tuple(sources))
     if ecn.kmax < ecn.kmin:
-        where = "ecn.kmax" if "kmax" in given or "kmin" in given else "nic.dcqcn"
-        raise r.fail(where, f"ECN kmax ({ecn.kmax} bytes, {sources[1]}) is below kmin ({ecn.kmin} bytes, {sources[0]})")
+        where = "ecn.kmax" if "kmax" in m or "kmin" in m else "nic.dcqcn"
+        raise r.fail(where, f"ECN kmax must not be below kmin ({ecn.kmax} bytes, {sources[1]} < "
+                            f"{ecn.kmin} bytes, {sources[0]})")
     return ecn
 
 

@@ -36,8 +36,7 @@ def port_entry(plan: FabricPlan, port: Port, loss_in_ebpf: bool = False) -> S.Po
 def config(datapath: Datapath, spec: FabricSpec, hash_mode: str | None = None) -> None:
     """The hash mode and the ECN thresholds the switches mark with: the topology's ``ecn``, or
     its DCQCN profile's, or the paper's (spec.ecn has them resolved), scaled."""
-    e = spec.ecn
-    datapath.set_config(hash_mode or spec.ecmp.hash, spec.emulated_size(e.kmin), spec.emulated_size(e.kmax), e.pmax)
+    datapath.set_config(hash_mode or spec.ecmp.hash, *spec.emulated_ecn())
 
 
 def program(datapath: Datapath, plan: FabricPlan, loss_in_ebpf: bool = False) -> int:

@@ -244,7 +244,7 @@ class TransferResult:
     senders: list[dict] = field(default_factory=list, repr=False)
     flows: list[dict] = field(default_factory=list)  # per sender: goodput, time, counters
     dcqcn: dict | None = None  # the profile the NICs ran, emulated units
-    telemetry: dict = field(default_factory=dict, repr=False)  # see analysis.transfer_telemetry
+    telemetry: dict = field(default_factory=dict, repr=False)  # series; emulator/report.py reads them
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -280,13 +280,6 @@ def _ports_meta(plan) -> dict:
     return {f"{p.node}:{p.ifname}": {"rate_bps": getattr(p.egress, "rate_bps", None),
                                      "buffer_bytes": getattr(p.egress, "buffer_bytes", None)}
             for p in plan.ports() if plan.node(p.node).role in SWITCH_ROLES}
-
-
-def _ecn(plan) -> dict:
-    spec = plan.spec
-    e = spec.ecn
-    return {"kmin": spec.emulated_size(e.kmin), "kmax": spec.emulated_size(e.kmax), "pmax": e.pmax,
-            "source": list(e.source)}
 
 
 class PortSampler(threading.Thread):
@@ -326,7 +319,7 @@ def run(plan, src: str | list[str], dst: str, size: int, qps: int, transport: st
     ``rate_bps`` if that is given; ``cc`` is the DCQCN profile they run, in emulated units (None
     or ``off``: none). With ``sample_s``, the NICs record their QPs' state that often and
     ``sampler()`` (the controller's port readings) is called that often too."""
-    from .. import netns
+    from .. import describe, netns
     from ..errors import MeasurementError
 
     srcs = [src] if isinstance(src, str) else list(src)
@@ -400,7 +393,7 @@ def run(plan, src: str | list[str], dst: str, size: int, qps: int, transport: st
     telemetry = {"t0_monotonic": t0, "sample_s": sample_s, "senders": {h: r["telemetry"] for h, r in zip(srcs, sent)},
                  "receiver": got["telemetry"], "ports": readings,
                  "ports_error": sampling.error if sampling is not None else None,
-                 "ports_meta": _ports_meta(plan), "ecn": _ecn(plan)}
+                 "ports_meta": _ports_meta(plan), "ecn": describe.ecn_thresholds(plan.spec)}
     return TransferResult(
         ",".join(srcs), dst, transport, size, qps, intact=all(f["intact"] for f in flows), complete=complete,
         seconds=span, goodput_bps=len(srcs) * size * 8 / span if complete and span > 0 else 0.0, line_rate_bps=rate,

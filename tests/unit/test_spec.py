@@ -235,3 +235,9 @@ def test_ecn_thresholds_come_from_the_topology_then_the_profile_then_the_paper()
     assert s.ecn.source == ("profile hpcc-ns3", "ecn", "profile hpcc-ns3")
     s = load(with_("nic.dcqcn", "nvidia", doc))  # nvidia leaves the thresholds to the switch
     assert (s.ecn.kmin, s.ecn.kmax, s.ecn.pmax, s.ecn.source) == (5000, 200_000, pytest.approx(0.01), ("default",) * 3)
+
+
+def test_a_given_kmin_is_checked_against_the_profiles_kmax_not_the_default():
+    # 1 MB is above the paper's 200 KB default but below hpcc-ns3's 6.4 MB at 400 Gb/s
+    s = load(with_("ecn", {"kmin": "1MB"}, with_("nic.dcqcn", "hpcc-ns3")))
+    assert (s.ecn.kmin, s.ecn.kmax) == (1_000_000, 6_400_000)
