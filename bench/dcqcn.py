@@ -50,7 +50,7 @@ def main() -> int:
     runs = []
     try:
         print(f"{'profile':<9} {'flows':>5} {'util':>5} {'goodput':>9} {'Jain':>6} {'min win':>7} {'fair after':>14} "
-              f"{'q p50':>7} {'q p90':>7} {'q p99':>7} {'marks':>6} {'drops':>6} {'CNPs':>6} {'retx':>6} {'CNP lag':>8}")
+              f"{'q p50':>7} {'q p90':>7} {'q p99':>7} {'marks':>6} {'drops':>6} {'CNPs':>6} {'retx':>6} {'CNP lag':>8} {'react':>7}")
         for n in (int(x) for x in args.flows.split(",")):
             if n > len(pool):
                 raise SystemExit(f"{n} flows need {n} senders; --senders names {len(pool)}")
@@ -70,20 +70,24 @@ def main() -> int:
                 kb = lambda b: f"{b / 1e3:.1f}K"  # noqa: E731
                 delay = r["receiver"]["nic"].get("cnp_delay_s")
                 lag = f"{delay['p50'] * 1e3:.2f}ms" if delay else "-"
+                reacts = sorted(s["nic"]["cnp_reaction_s"]["p50"] for s in r["senders"] if s["nic"].get("cnp_reaction_s"))
+                react = f"{reacts[len(reacts) // 2] * 1e3:.2f}ms" if reacts else "-"
                 if port is None or port["utilisation"] is None or not fair:
                     print(f"{profile:<9} {n:>5} no bottleneck figures: {fig}")
                     continue
                 print(f"{profile:<9} {n:>5} {port['utilisation']:>5.2f} {r['goodput_bps'] / 1e6:>7.1f}Mb "
                       f"{fair['jain_whole']:>6.3f} {fair['jain_min']:>7.3f} {after:>14} {kb(port['depth_p50']):>7} "
                       f"{kb(port['depth_p90']):>7} {kb(port['depth_p99']):>7} {port['ecn_marks']:>6} "
-                      f"{port['buffer_drops']:>6} {r['cnps']:>6} {r['retransmits']:>6} {lag:>8}"
+                      f"{port['buffer_drops']:>6} {r['cnps']:>6} {r['retransmits']:>6} {lag:>8} {react:>7}"
                       + ("" if r["intact"] else "  NOT INTACT"), flush=True)
                 runs.append({"profile": profile, "flows": n, "bottleneck": port, "fairness": fair,
                              "goodput_bps": r["goodput_bps"], "cnps": r["cnps"], "retransmits": r["retransmits"],
-                             "rtt_s": rtt, "intact": r["intact"], "cnp_delay_s": delay})
+                             "rtt_s": rtt, "intact": r["intact"], "cnp_delay_s": delay,
+                             "cnp_reaction_s": [s["nic"].get("cnp_reaction_s") for s in r["senders"]]})
         print(f"util: the busiest switch port's dequeued bytes over its rate while all sent; Jain over "
               f"windows of max(sample, 10 RTT); RTT {runs[0]['rtt_s'] * 1e3:.2f} ms; CNP lag: median time from a "
-              "marked packet's arrival to its CNP's send (the receiving NIC's loop)" if runs else "no runs")
+              "marked packet's arrival to its CNP's send (the receiving NIC's loop); react: median over senders of "
+              "their median time from a CNP's arrival to the rate cut (the sending NIC's loop)" if runs else "no runs")
     finally:
         bp("down", "--name", NAME, check=False)
     if args.json_out:

@@ -386,6 +386,11 @@ def format_transfer(body: dict) -> list[str]:
     if delay:
         lines.append(f"  CNPs left the receiver {delay['p50'] * 1e3:.2f} ms (p50; p90 {delay['p90'] * 1e3:.2f}, max "
                      f"{delay['max'] * 1e3:.2f}) after their marked packet arrived")
+    reactions = [s["nic"]["cnp_reaction_s"] for s in r["senders"] if s["nic"].get("cnp_reaction_s")]
+    if reactions:
+        p50s = sorted(x["p50"] for x in reactions)
+        lines.append(f"  senders cut their rates {p50s[0] * 1e3:.2f}-{p50s[-1] * 1e3:.2f} ms (p50 per sender; p90 up to "
+                     f"{max(x['p90'] for x in reactions) * 1e3:.2f}) after a CNP arrived")
     if len(r["flows"]) > 1:
         lines.append(f"  {'sender':<16} {'start s':>8} {'time s':>8} {'goodput':>12} {'retx':>6} {'CNPs':>6}")
         for f in r["flows"]:

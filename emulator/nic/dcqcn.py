@@ -6,7 +6,7 @@ Reaction point (the sender, per QP), with current rate Rc, target rate Rt and al
     (timer stages i, byte stages j) and the byte count restart;
   - every K without a CNP: alpha = (1-g) alpha;
   - an increase event each time the timer (period T) fires (i += 1) and each time B bytes have
-    been sent (j += 1): fast recovery while max(i, j) < F (Rc = (Rt + Rc)/2), hyper increase
+    been sent (j += 1; at most once per packet): fast recovery while max(i, j) < F (Rc = (Rt + Rc)/2), hyper increase
     when min(i, j) >= F (Rt += R_HAI, then Rc = (Rt + Rc)/2), additive otherwise (Rt += R_AI,
     then the same); rates stay within [min rate, line rate].
 Notification point (the receiver, per QP): at most one CNP per N for CE-marked packets.
@@ -155,8 +155,11 @@ class ReactionPoint:
             return
         self._account(now)
         self.bytes += nbytes
-        while self.bytes >= self.p.byte_counter:
-            self.bytes -= self.p.byte_counter
+        if self.bytes >= self.p.byte_counter:
+            # One stage per packet at most, as a NIC checks its counter once per packet sent:
+            # scaled down, B can be smaller than one frame (NVIDIA's 32767 B is 33 B at scale
+            # 0.001), and a 4 KB frame must not count as 125 stages.
+            self.bytes %= self.p.byte_counter
             self.j += 1
             self._increase()
 

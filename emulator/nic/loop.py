@@ -83,6 +83,7 @@ class SoftNic:
         self.tx_bytes: dict[int, int] = {}  # qpn -> bytes this QP put on the host link
         self.ce_data: dict[int, int] = {}  # qpn -> CE-marked data packets it received
         self.cnp_delays: list[float] = []  # s from a marked packet's arrival to its CNP's send
+        self.cnp_reactions: list[float] = []  # s from a CNP's arrival to the rate cut it caused
         self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE if _root() else socket.SO_RCVBUF, RCVBUF)
         self.rx.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
@@ -201,6 +202,8 @@ class SoftNic:
         if src != self._peer[qp.qpn][0] or not qp.connected:
             raise wire.Malformed("wrong_source", src)  # RC: only the connected peer may talk to a QP
         qp.receive(pkt, now)
+        if pkt.bth.opcode == wire.CNP and arrived is not None:  # the sender's share of the feedback delay
+            self.cnp_reactions.append(time.time() - arrived)
         if ce and pkt.bth.opcode <= wire.WRITE_ONLY_IMM:
             self.ce_data[qp.qpn] += 1
             if qp.qpn in self._np and self._np[qp.qpn].on_ce(now if arrived is None else arrived):
@@ -294,7 +297,7 @@ class SoftNic:
     def stats(self) -> dict:
         return {"rx_packets": self.counters.rx_packets, "tx_packets": self.counters.tx_packets,
                 "rx_ce": self.counters.rx_ce, "socket_overflow": self.counters.socket_overflow,
-                "dropped": dict(self.counters.dropped), "cnp_delay_s": _summary(self.cnp_delays)}
+                "dropped": dict(self.counters.dropped), "cnp_delay_s": _summary(self.cnp_delays), "cnp_reaction_s": _summary(self.cnp_reactions)}
 
 
 def _summary(xs: list[float]) -> dict | None:

@@ -5,17 +5,33 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from emulator import clean as clean_mod
+from emulator import measure
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGIES = REPO / "topologies"
 
 if os.geteuid() != 0:
     pytest.skip("the root tier builds network namespaces: run as root (sudo make test)", allow_module_level=True)
+
+
+QUIET_STEAL = 0.03  # a reading taken while the hypervisor stole less than this is evidence
+
+
+def wait_for_quiet(budget_s: float, window_s: float = 0.5) -> None:
+    """Return once the hypervisor stole less than QUIET_STEAL of a window (its bursts last tens
+    of seconds), or when the budget is spent; the next reading reports its own steal anyway."""
+    deadline = time.monotonic() + budget_s
+    while time.monotonic() < deadline:
+        watch = measure.CpuWatch()
+        time.sleep(window_s)  # the window the steal is measured over
+        if watch.steal() < QUIET_STEAL:
+            return
 
 
 def bp(*args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -125,10 +125,19 @@ def test_netem_never_drops_at_the_paths_line_rate(fabrics, tmp_path):
     # with the path's BDP, which is what is under test.
     topo = variant(tmp_path, "tiny", wan={"rate": "20Gbps"})
     name = fabrics("tline", topo)
+    # Under software emulation the guest's CPU is what the host's hypervisor leaves it, and the
+    # guest cannot see that steal (it reads 0%): a host losing 39% once held a path to 0.86 of
+    # its rate with no drop. So a low reading is taken again, up to three in all; a drop in any
+    # reading fails at once, and three low readings fail the path.
     for path in ("0", "1"):
-        rate = bp_json("measure", "link", "--name", name, "east-border0", "west-border0", "--path", path,
-                       "--seconds", "2")
-        print(f"\npath {path}: {rate['wire_bps'] / 1e6:.2f} of {rate['configured_bps'] / 1e6:.2f} Mbps, "
-              f"netem drops {rate['delay_line_drops']}")
-        assert rate["delay_line_drops"] == 0, rate
-        assert rate["ratio"] >= 0.9, rate
+        readings = []
+        for _ in range(3):
+            rate = bp_json("measure", "link", "--name", name, "east-border0", "west-border0", "--path", path,
+                           "--seconds", "2")
+            readings.append(round(rate["ratio"], 3))
+            print(f"\npath {path}: {rate['wire_bps'] / 1e6:.2f} of {rate['configured_bps'] / 1e6:.2f} Mbps, "
+                  f"netem drops {rate['delay_line_drops']}")
+            assert rate["delay_line_drops"] == 0, rate
+            if rate["ratio"] >= 0.9:
+                break
+        assert rate["ratio"] >= 0.9, f"path {path} carried {readings} of its rate in three readings: {rate}"

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from emulator import capabilities, measure, netns, plan, spec, state
+from emulator import capabilities, netns, plan, spec, state
 
-from .conftest import TOPOLOGIES, bp, bp_json, nothing_left
+from .conftest import QUIET_STEAL, TOPOLOGIES, bp, bp_json, nothing_left, wait_for_quiet
 
 NO_DELAY = () if capabilities.has_netem() else ("--no-wan-delay",)
 RATE_TOLERANCE = 0.05
@@ -43,20 +43,6 @@ def shaped_directions(p: plan.FabricPlan):
         east, west = ends[0].a.node, ends[1].b.node
         out += [(east, west, path.index), (west, east, path.index)]
     return out
-
-
-QUIET_STEAL = 0.03  # a reading taken while the hypervisor stole less than this is evidence
-
-
-def wait_for_quiet(budget_s: float, window_s: float = 0.5) -> None:
-    """Return once the hypervisor stole less than QUIET_STEAL of a window (its bursts last tens
-    of seconds), or when the budget is spent; the next reading reports its own steal anyway."""
-    deadline = time.monotonic() + budget_s
-    while time.monotonic() < deadline:
-        watch = measure.CpuWatch()
-        time.sleep(window_s)  # the window the steal is measured over
-        if watch.steal() < QUIET_STEAL:
-            return
 
 
 def measure_every_link(p: plan.FabricPlan, tries: int = 8, quiet_budget_s: float = 180.0

@@ -56,6 +56,20 @@ def test_bytes_count_across_calls_and_a_cnp_restarts_them():
     assert (rp.i, rp.j, rp.bytes) == (0, 0, 0)
 
 
+def test_a_packet_larger_than_the_byte_counter_is_one_stage():
+    # NVIDIA's B of 32767 B at scale 0.001 is 33 B: a 4 KB frame is one stage, not 125.
+    p = profile("nvidia", L).scaled(0.001)
+    rp = ReactionPoint(p, L * 0.001)
+    rp.on_cnp(0.0)
+    rp.on_cnp(0.0)  # a second cut: the target is below the line, so the increase shows
+    rc, rt = rp.rc, rp.rt
+    rp.on_sent(4142, 1 * US)
+    assert rp.j == 1 and rp.bytes == 4142 % 33
+    # F = 1 and i = 0: one additive increase, then Rc halfway to the target.
+    assert rp.rt == pytest.approx(rt + 5 * MBPS * 0.001)
+    assert rp.rc == pytest.approx((rp.rt + rc) / 2)
+
+
 def test_alpha_decays_only_without_cnps():
     rp = ReactionPoint(profile("paper", L), L)
     rp.on_cnp(0.0)
