@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emulator import client, netns, plan, spec
+from emulator import client, measure, netns, plan, spec
 
-from .conftest import REPO, TOPOLOGIES, bp, bp_json
+from .conftest import QUIET_STEAL, REPO, TOPOLOGIES, bp, bp_json, wait_for_quiet
 
 QPS = 16
 FRAME = 4096 + 4 + 12 + 8 + 20 + 14  # a 4 KB RoCE write on the wire
@@ -74,18 +74,31 @@ def test_ecmp_spreads_qps_over_long_haul_paths_by_hash_mode(fabrics, tmp_path):
     wan_ports = {(l.a.node, l.a.ifname): l.path for l in p.links
                  if l.kind == "wan" and p.node(l.a.node).role == "border" and l.a.node.startswith("east")}
     pairs = [(f"east-host{i}", f"west-host{i}", str(p.host_address(f"west-host{i}"))) for i in range(4)]
-    report = {}
+    report, inconclusive = {}, []
     for mode in ("five-tuple", "qpn", "qpn-psn", "ev"):
         client.request(name, {"op": "set_hash", "hash": mode})
-        before = port_counters(stats(name))
-        receivers = [start_receiver(name, dst, QPS) for _, dst, _ in pairs]
-        senders = [rocegen(name, src, "send", addr, "--qps", str(QPS), "--packets", "32", "--payload", "512",
-                           "--pps", "3000", "--pair-id", str(i),
-                           "--sport", "qp" if mode == "ev" else "pair")
-                   for i, (src, _, addr) in enumerate(pairs)]
-        sent = sum(finish(s)["sent"] for s in senders)
-        got = [finish(r) for r in receivers]
-        after = port_counters(stats(name))
+        # Nothing may be lost at this load, unless the hypervisor stalls a shaper by stealing its
+        # vCPU: a run that lost packets under steal is taken again after a quiet window, and one
+        # never run losslessly on a quiet machine leaves the test inconclusive (said at the end).
+        for attempt in range(3):
+            before = port_counters(stats(name))
+            watch = measure.CpuWatch()
+            receivers = [start_receiver(name, dst, QPS) for _, dst, _ in pairs]
+            senders = [rocegen(name, src, "send", addr, "--qps", str(QPS), "--packets", "32", "--payload", "512",
+                               "--pps", "3000", "--pair-id", str(i),
+                               "--sport", "qp" if mode == "ev" else "pair")
+                       for i, (src, _, addr) in enumerate(pairs)]
+            sent = sum(finish(s)["sent"] for s in senders)
+            got = [finish(r) for r in receivers]
+            after = port_counters(stats(name))
+            steal = watch.steal()
+            lossless = sum(g["packets"] for g in got) == sent and all(g["complete"] == QPS for g in got)
+            if lossless or steal < QUIET_STEAL:
+                break
+            print(f"{mode}: {sum(g['packets'] for g in got)} of {sent} packets arrived, steal {steal:.0%}: again")
+            wait_for_quiet(30.0)
+        if not lossless and steal >= QUIET_STEAL:
+            inconclusive.append(f"{mode}: {sum(g['packets'] for g in got)} of {sent} arrived, steal {steal:.0%}")
         per_path = [0] * len(wan_ports)
         for key, path in wan_ports.items():
             per_path[path] = after[key]["counters"]["fwd_pkts"] - before[key]["counters"]["fwd_pkts"]
@@ -95,9 +108,10 @@ def test_ecmp_spreads_qps_over_long_haul_paths_by_hash_mode(fabrics, tmp_path):
                         "paths_used": sum(1 for n in per_path if n), "out_of_order": reordered}
         print(f"{mode:<10} per-path shares {report[mode]['shares']} Jain {report[mode]['jain']} "
               f"paths used {report[mode]['paths_used']}/8 reordered at the receivers {reordered}/{sent}")
-        assert all(g["complete"] == QPS for g in got), f"{mode}: not every QP finished: {got}"
-        assert sum(g["packets"] for g in got) == sent, f"{mode}: packets lost at low load"
-        assert sum(per_path) == sent, f"{mode}: the eBPF datapath forwarded {sum(per_path)} of {sent} over the WAN"
+        if not inconclusive or not inconclusive[-1].startswith(f"{mode}:"):
+            assert all(g["complete"] == QPS for g in got), f"{mode}: not every QP finished: {got}"
+            assert sum(g["packets"] for g in got) == sent, f"{mode}: packets lost at low load"
+            assert sum(per_path) == sent, f"{mode}: the eBPF datapath forwarded {sum(per_path)} of {sent} over the WAN"
     # What a user reads: the CLI's tables and JSON carry the same counters.
     text = bp("stats", "--name", name).stdout
     assert "east-border0 RoCE packets per long-haul path" in text and "fidelity:" in text
@@ -116,6 +130,8 @@ def test_ecmp_spreads_qps_over_long_haul_paths_by_hash_mode(fabrics, tmp_path):
         assert report[mode]["paths_used"] == 8 and report[mode]["jain"] >= 0.8, report
     # Per-packet spraying is even, and reorders over unequal paths.
     assert report["qpn-psn"]["jain"] >= 0.95 and report["qpn-psn"]["out_of_order"] > 0, report
+    if inconclusive:
+        pytest.skip(f"the spread held, but no run of these modes was lossless on a quiet machine: {inconclusive}")
 
 
 def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fabrics, tmp_path):
@@ -170,11 +186,13 @@ def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fa
     senders = [rocegen(name, f"local-host{i}", "send", addr, "--qps", "4", "--packets", "2500", "--payload",
                        "4096", "--sndbuf", "4096", "--sport", "pair", "--pair-id", str(i)) for i in (0, 3)]
     samples = []
+    watch = measure.CpuWatch()
     while any(x.poll() is None for x in senders):
         q = client.request(name, {"op": "queue", "node": key[0], "ifname": key[1]})
         samples.append((q["depth_before"], q["backlog"], q["depth_after"]))
     for x in senders:
         finish(x)
+    steal = watch.steal()
     got = finish(r)
     body = stats(name)
     after = port_counters(body)[key]
@@ -199,10 +217,15 @@ def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fa
     assert delta["drop_buffer"] > 0 and delta["ecn_marks"] > 0 and got["ce"] > 0
     assert after["queue"]["max_depth_bytes"] <= buffer
     assert len(full) >= 5, f"the queue was seen full in only {len(full)} of {len(samples)} samples"
-    assert len(near) == len(full), [s for s in full if s not in near][:5]
     assert len(agree) >= 0.9 * len(full), [s for s in full if s not in agree][:5]
+    if len(near) < len(full) and steal >= QUIET_STEAL:
+        # A vCPU stolen mid-reading leaves frames in the peer's veth ring for longer.
+        inconclusive.append(f"{len(full) - len(near)} of {len(full)} samples beyond four frames under "
+                            f"{steal:.0%} steal: {[s for s in full if s not in near][:5]}")
+    else:
+        assert len(near) == len(full), [s for s in full if s not in near][:5]
     if inconclusive:
-        pytest.skip(f"the paced run (no marks expected) was inconclusive, the incast passed: {inconclusive}")
+        pytest.skip(f"every other check passed; inconclusive on this loaded machine: {inconclusive}")
 
 
 def test_fidelity_guard_reports_drops_outside_the_model(fabrics):

