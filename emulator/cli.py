@@ -389,8 +389,13 @@ def format_transfer(body: dict) -> list[str]:
     reactions = [s["nic"]["cnp_reaction_s"] for s in r["senders"] if s["nic"].get("cnp_reaction_s")]
     if reactions:
         p50s = sorted(x["p50"] for x in reactions)
-        lines.append(f"  senders cut their rates {p50s[0] * 1e3:.2f}-{p50s[-1] * 1e3:.2f} ms (p50 per sender; p90 up to "
-                     f"{max(x['p90'] for x in reactions) * 1e3:.2f}) after a CNP arrived")
+        p90 = max(x["p90"] for x in reactions) * 1e3
+        if len(reactions) == 1:
+            lines.append(f"  the sender cut its rate {p50s[0] * 1e3:.2f} ms (p50; p90 {p90:.2f}, max "
+                         f"{reactions[0]['max'] * 1e3:.2f}) after a CNP arrived")
+        else:
+            lines.append(f"  senders cut their rates {p50s[0] * 1e3:.2f}-{p50s[-1] * 1e3:.2f} ms (p50 per sender; "
+                         f"p90 up to {p90:.2f}) after a CNP arrived")
     if len(r["flows"]) > 1:
         lines.append(f"  {'sender':<16} {'start s':>8} {'time s':>8} {'goodput':>12} {'retx':>6} {'CNPs':>6}")
         for f in r["flows"]:

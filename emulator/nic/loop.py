@@ -43,6 +43,9 @@ SPORT_BASE = 49152  # RoCEv2 source ports come from the dynamic range
 QPN_BASE = 0x100
 RX_BATCH = 128  # datagrams read per turn before anything is sent
 TX_BATCH = 16  # packets per QP per turn: keeps QPs interleaved on the wire
+TX_TURN_S = 0.5e-3  # sending stops after this long in a turn, so ACKs and CNPs are read: a
+                    # CPU-bound loop (a guest under software emulation) once sent for 0.5 s
+                    # while its ACKs and CNPs waited, inflating srtt 10x and delaying every cut
 RCVBUF = 32 << 20
 WIRE_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4, UDP: what the host link carries besides the transport
 _ICRC = struct.Struct("<I")
@@ -239,6 +242,7 @@ class SoftNic:
             self._rr = (self._rr + 1) % len(order)
             order = order[self._rr:] + order[:self._rr]
         more = True
+        turn_end = now + TX_TURN_S
         while more and (not self._rate or self._tokens > 0):
             more = False
             for qpn, qp in order:
@@ -250,8 +254,11 @@ class SoftNic:
                     self._tokens -= self._send(qpn, parts)
                 sent += len(pkts)
                 more |= len(pkts) == budget
+                if pkts and self.clock() >= turn_end:
+                    more = False  # read what came in meanwhile; the next turn goes on sending
+                    break
+            now = self.clock()
             if self._rate:
-                now = self.clock()
                 self._refill(now)
         for qp in self.qps.values():
             if qp.deadline is not None and qp.deadline <= now:
