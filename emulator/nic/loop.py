@@ -242,7 +242,7 @@ class SoftNic:
             self._rr = (self._rr + 1) % len(order)
             order = order[self._rr:] + order[:self._rr]
         more = True
-        turn_end = now + TX_TURN_S
+        turn_end = self.clock() + TX_TURN_S  # from when sending starts: reading took its own time
         while more and (not self._rate or self._tokens > 0):
             more = False
             for qpn, qp in order:
