@@ -6,9 +6,9 @@ Reaction point (the sender, per QP), with current rate Rc, target rate Rt and al
     (timer stages i, byte stages j) and the byte count restart;
   - every K without a CNP: alpha = (1-g) alpha;
   - an increase event each time the timer (period T) fires (i += 1) and each time B bytes have
-    been sent (j += 1; at most once per packet): fast recovery while max(i, j) < F (Rc = (Rt + Rc)/2), hyper increase
-    when min(i, j) >= F (Rt += R_HAI, then Rc = (Rt + Rc)/2), additive otherwise (Rt += R_AI,
-    then the same); rates stay within [min rate, line rate].
+    been sent (j += 1; at most once per packet): fast recovery while max(i, j) < F
+    (Rc = (Rt + Rc)/2), hyper increase when min(i, j) >= F (Rt += R_HAI, then Rc = (Rt + Rc)/2),
+    additive otherwise (Rt += R_AI, then the same); rates stay within [min rate, line rate].
 Notification point (the receiver, per QP): at most one CNP per N for CE-marked packets.
 
 Profiles (rates in real, unscaled bit/s; `scaled` turns them into the emulation's):

@@ -304,7 +304,8 @@ class SoftNic:
     def stats(self) -> dict:
         return {"rx_packets": self.counters.rx_packets, "tx_packets": self.counters.tx_packets,
                 "rx_ce": self.counters.rx_ce, "socket_overflow": self.counters.socket_overflow,
-                "dropped": dict(self.counters.dropped), "cnp_delay_s": _summary(self.cnp_delays), "cnp_reaction_s": _summary(self.cnp_reactions)}
+                "dropped": dict(self.counters.dropped), "cnp_delay_s": _summary(self.cnp_delays),
+                "cnp_reaction_s": _summary(self.cnp_reactions)}
 
 
 def _summary(xs: list[float]) -> dict | None:
