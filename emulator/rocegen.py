@@ -34,6 +34,10 @@ SPORT_BASE = 49152  # RoCEv2 source ports come from the dynamic range
 QPN_BASE = 0x100
 IP_RECVTOS = 13
 SO_NO_CHECK = 11
+# How far a paced sender may catch up after falling behind: enough to make up for sleep()
+# overshooting, too little to turn a descheduled moment into a line-rate burst (50 ms behind at
+# 3,000 pps would be 150 frames back to back, more than a 16 KB switch buffer holds).
+CATCH_UP_S = 2e-3
 
 
 def qpn_of(qp: int) -> int:
@@ -44,8 +48,8 @@ def send(dst: str, qps: int, packets: int, payload: int, pps: float, sport_mode:
          burst: int = 1, sndbuf: int = 0) -> dict:
     """Round-robin over the QPs, ``burst`` packets of a QP back to back, ``packets`` per QP, paced
     at ``pps`` in total (0: as fast as the host's NIC takes them; with a small ``sndbuf`` the
-    socket blocks while its NIC queue is full instead of overflowing it). The last packet of each
-    QP is an RDMA WRITE LAST."""
+    socket blocks while its NIC queue is full instead of overflowing it). A sender that fell
+    behind catches up by at most CATCH_UP_S. The last packet of each QP is an RDMA WRITE LAST."""
     socks = []
     for qp in range(qps):
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -76,6 +80,7 @@ def send(dst: str, qps: int, packets: int, payload: int, pps: float, sport_mode:
             now = time.monotonic()
             if i % burst == 0 and now < next_at:
                 time.sleep(next_at - now)
+            next_at = max(next_at, now - CATCH_UP_S)
             next_at += interval
         try:
             socks[qp].send(pkt)
