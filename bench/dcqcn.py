@@ -70,8 +70,7 @@ def main() -> int:
                 kb = lambda b: f"{b / 1e3:.1f}K"  # noqa: E731
                 delay = r["receiver"]["nic"].get("cnp_delay_s")
                 lag = f"{delay['p50'] * 1e3:.2f}ms" if delay else "-"
-                reacts = sorted(s["nic"]["cnp_reaction_s"]["p50"] for s in r["senders"] if s["nic"].get("cnp_reaction_s"))
-                react = f"{reacts[len(reacts) // 2] * 1e3:.2f}ms" if reacts else "-"
+                react = f"{fig['reaction']['p50_median'] * 1e3:.2f}ms" if fig.get("reaction") else "-"
                 if port is None or port["utilisation"] is None or not fair:
                     print(f"{profile:<9} {n:>5} no bottleneck figures: {fig}")
                     continue
@@ -83,7 +82,7 @@ def main() -> int:
                 runs.append({"profile": profile, "flows": n, "bottleneck": port, "fairness": fair,
                              "goodput_bps": r["goodput_bps"], "cnps": r["cnps"], "retransmits": r["retransmits"],
                              "rtt_s": rtt, "intact": r["intact"], "cnp_delay_s": delay,
-                             "cnp_reaction_s": [s["nic"].get("cnp_reaction_s") for s in r["senders"]]})
+                             "cnp_reaction_s": fig.get("reaction")})
         print(f"util: the busiest switch port's dequeued bytes over its rate while all sent; Jain over "
               f"windows of max(sample, 10 RTT); RTT {runs[0]['rtt_s'] * 1e3:.2f} ms; CNP lag: median time from a "
               "marked packet's arrival to its CNP's send (the receiving NIC's loop); react: median over senders of "

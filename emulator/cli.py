@@ -358,7 +358,8 @@ def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, tran
                      cc=profile.scaled(fspec.scale), sample_s=period, sampler=sampler)
     body = r.as_dict()
     body["figures"] = {"ports": report.ports(body),
-                       "fairness": report.fairness(body, max(period, 10 * r.rtt_s)) if period else {}}
+                       "fairness": report.fairness(body, max(period, 10 * r.rtt_s)) if period else {},
+                       "reaction": report.reaction(body)}
     if plot_path:
         report.plot(body, plot_path)
     if as_json:
@@ -386,13 +387,12 @@ def format_transfer(body: dict) -> list[str]:
     if delay:
         lines.append(f"  CNPs left the receiver {delay['p50'] * 1e3:.2f} ms (p50; p90 {delay['p90'] * 1e3:.2f}, max "
                      f"{delay['max'] * 1e3:.2f}) after their marked packet arrived")
-    reactions = [s["nic"]["cnp_reaction_s"] for s in r["senders"] if s["nic"].get("cnp_reaction_s")]
-    if reactions:
-        p50s = sorted(x["p50"] for x in reactions)
-        p90 = max(x["p90"] for x in reactions) * 1e3
-        if len(reactions) == 1:
+    react = r.get("figures", {}).get("reaction")
+    if react:
+        p50s, p90 = react["p50_per_sender"], react["p90_max"] * 1e3
+        if len(p50s) == 1:
             lines.append(f"  the sender cut its rate {p50s[0] * 1e3:.2f} ms (p50; p90 {p90:.2f}, max "
-                         f"{reactions[0]['max'] * 1e3:.2f}) after a CNP arrived")
+                         f"{react['max'] * 1e3:.2f}) after a CNP arrived")
         else:
             lines.append(f"  senders cut their rates {p50s[0] * 1e3:.2f}-{p50s[-1] * 1e3:.2f} ms (p50 per sender; "
                          f"p90 up to {p90:.2f}) after a CNP arrived")

@@ -68,6 +68,18 @@ def ports(result: dict) -> list[dict]:
     return sorted(out, key=lambda p: -(p["utilisation"] or 0) - p["depth_p50"] / 1e9)
 
 
+def reaction(result: dict) -> dict | None:
+    """The senders' share of the feedback delay: each sending NIC's median time from a CNP's
+    arrival to the rate cut, their median, and the worst p90 and max (None without CNPs).
+    Each NIC summarises its own samples; the raw samples stay in the NIC processes."""
+    sums = [s["nic"]["cnp_reaction_s"] for s in result["senders"] if s["nic"].get("cnp_reaction_s")]
+    if not sums:
+        return None
+    p50s = sorted(x["p50"] for x in sums)
+    return {"p50_per_sender": p50s, "p50_median": p50s[len(p50s) // 2],
+            "p90_max": max(x["p90"] for x in sums), "max": max(x["max"] for x in sums)}
+
+
 def _sent(tel: dict) -> list[int]:
     """A sender's bytes sent by each sample, its QPs summed."""
     return [sum(q["tx_bytes"][k] for q in tel["qps"].values()) for k in range(len(tel["t"]))]

@@ -59,3 +59,14 @@ def test_port_figures_cover_only_ports_that_did_something():
     assert p["depth_max"] == 8000 and p["depth_p50"] == 4000
     assert p["ecn_marks"] == 10 and p["buffer_drops"] == 0
     assert p["utilisation"] == pytest.approx(400e6 / 400e6)  # 50 MB/s dequeued on a 400 Mb/s port
+
+
+def test_reaction_summarises_the_senders_own_summaries():
+    def sender(p50, p90, mx):
+        return {"nic": {"cnp_reaction_s": {"p50": p50, "p90": p90, "max": mx}}}
+
+    r = {"senders": [sender(3e-3, 9e-3, 20e-3), {"nic": {"cnp_reaction_s": None}}, sender(1e-3, 2e-3, 4e-3),
+                     sender(2e-3, 5e-3, 30e-3)]}
+    assert report.reaction(r) == {"p50_per_sender": [1e-3, 2e-3, 3e-3], "p50_median": 2e-3,
+                                  "p90_max": 9e-3, "max": 30e-3}
+    assert report.reaction({"senders": [{"nic": {}}]}) is None
