@@ -79,6 +79,9 @@ def main() -> int:
     ap.add_argument("--payload", type=int, default=64)
     ap.add_argument("--qps", type=int, default=4)
     a = ap.parse_args()
+    doc = yaml.safe_load((REPO / "topologies/tiny.yaml").read_text())
+    doc["scale"] = 0.01
+    print(spec.parse(yaml.safe_dump(doc)).time.line() + " (forwarding rates are the machine's: emulated units)")
     results = [one(d, a.packets, a.payload, a.qps) for d in ("kernel", "ebpf")]
     for r in results:
         print(f"{r['datapath']:<7} sent {r['sent']} at {r['send_pps']:,.0f} pps, delivered {r['delivered']} "

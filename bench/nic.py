@@ -48,6 +48,7 @@ def main() -> int:
             bp("up", str(topo), "--name", NAME, "--no-wan-delay")
             try:
                 fabric = plan.build(spec.load(topo), NAME)
+                print(fabric.spec.time.line() + " (rates below are emulated: x 1/scale for the real fabric's)")
                 port = next(fabric.ports(SRC))
                 line = port.egress.rate_bps
                 blast = measure.link_rate(fabric, SRC, DST, str(fabric.host_address(DST)), line,

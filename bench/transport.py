@@ -62,7 +62,8 @@ def main() -> int:
     base, _ = run("selective", 0.0, nbytes, args.seed)
     gbn_base, _ = run("go-back-n", 0.0, nbytes, args.seed)
     print(f"path: {ONE_WAY * 2e3:g} ms RTT, {RATE / 1e6:g} Mb/s, {PKT_WIRE} B packets (a = {a:.0f}); "
-          f"{args.mb} MiB per transfer")
+          f"{args.mb} MiB per transfer; simulated, no fabric: as at scale 0.001, dilation 1 (realtime), "
+          "granularity 1000x the real fabric's")
     print(f"baseline without loss (C): selective {base / 1e6:.1f} Mb/s, go-back-N {gbn_base / 1e6:.1f} Mb/s")
     print(f"{'p':>8} {'SR/(C(1-p))':>12} {'SR retx':>8} {'SR t/o':>7} {'GBN/C':>7} {'U formula':>10} "
           f"{'GBN/U':>6} {'GBN retx':>9} {'GBN t/o':>8}")

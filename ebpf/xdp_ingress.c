@@ -3,7 +3,8 @@
  * XDP on every port of the fabric (switches, fibers, hosts).
  *
  * 1. Dequeue side of queue accounting: the frame just left the peer port's egress queue, so
- *    its length is added to that queue's dequeued bytes.
+ *    its length is added to that queue's dequeued bytes; while that queue is backlogged, the
+ *    gap since the last frame is held against the frame's time at the port's rate.
  * 2. On switch ports, the ECMP decision for RoCEv2: hash the fields of the configured mode,
  *    pick one of the route's next hops and hand the choice to tc ingress in the packet's
  *    metadata. XDP_REDIRECT would skip the target's qdisc (no queue) and its egress hook, so
@@ -21,11 +22,68 @@
 #include "bp_parse.h"
 #include "bp_hash.h"
 
-/* Add a frame that left port @ifindex's queue to its dequeued bytes. */
-static __always_inline void bp_dequeue(__u32 ifindex, __u32 prio, __u32 len)
+/* The bin of a busy gap: the edges its ratio reached, with @paid = gap * rate held against
+ * @unit = charged bytes * BP_PACING_NS_PER_ONE (no division; the edges ascend). */
+static __always_inline __u32 bp_pacing_bin(__u64 paid, __u64 unit)
 {
-	__u32 key = ifindex * BP_QUEUE_SLOTS + prio;
+	__u32 bin = BP_PACING_BINS - 1;
+
+	if (paid < BP_PACING_EDGE_8 * unit)
+		bin = 8;
+	if (paid < BP_PACING_EDGE_7 * unit)
+		bin = 7;
+	if (paid < BP_PACING_EDGE_6 * unit)
+		bin = 6;
+	if (paid < BP_PACING_EDGE_5 * unit)
+		bin = 5;
+	if (paid < BP_PACING_EDGE_4 * unit)
+		bin = 4;
+	if (paid < BP_PACING_EDGE_3 * unit)
+		bin = 3;
+	if (paid < BP_PACING_EDGE_2 * unit)
+		bin = 2;
+	if (paid < BP_PACING_EDGE_1 * unit)
+		bin = 1;
+	if (paid < BP_PACING_EDGE_0 * unit)
+		bin = 0;
+	return bin;
+}
+
+/*
+ * Time a frame of @len bytes leaving a queue shaped to @port->peer_rate that held @depth bytes
+ * with it. After a dequeue that left backlog the shaper owed this frame at once, so the gap is
+ * what it charged: HTB charges a frame's time after sending it (the gap pays for the last
+ * frame), TBF waits for a frame's tokens (the gap pays for this one).
+ */
+static __always_inline void bp_pace(struct bp_pacing *p, struct bp_port *port, __u32 len,
+				    __s64 depth)
+{
+	__u64 now = bpf_ktime_get_ns(), gap, paid;
+	__u32 charged;
+
+	if (p->backlogged) {
+		charged = (port->flags & BP_PORT_PEER_TBF) ? len : p->last_len;
+		/* A racing CPU may have stamped a later dequeue: a lost gap, never a negative one. */
+		gap = now > p->last_ns ? now - p->last_ns : 0;
+		if (gap > BP_PACING_GAP_MAX)
+			gap = BP_PACING_GAP_MAX;
+		paid = gap * port->peer_rate; /* < 2^64: both factors are below 2^32 */
+		p->bins[bp_pacing_bin(paid, (__u64)charged * BP_PACING_NS_PER_ONE)]++;
+		p->busy_ns += gap;
+		p->busy_bytes += charged;
+	}
+	p->last_ns = now;
+	p->last_len = len;
+	p->backlogged = depth > len;
+}
+
+/* Add a frame of @len bytes that left @port's peer queue to its dequeued bytes, and time it. */
+static __always_inline void bp_dequeue(struct bp_port *port, __u32 prio, __u32 len)
+{
+	__u32 ifindex = port->peer_queue, key = ifindex * BP_QUEUE_SLOTS + prio;
 	struct bp_queue *q = bp_queues.lookup(&key);
+	struct bp_pacing *pace;
+	__s64 depth;
 
 	if (q) {
 		__sync_fetch_and_add(&q->deq_bytes, len);
@@ -34,8 +92,13 @@ static __always_inline void bp_dequeue(__u32 ifindex, __u32 prio, __u32 len)
 	key = ifindex * BP_QUEUE_SLOTS + BP_NUM_PRIO;
 	q = bp_queues.lookup(&key);
 	if (q) {
+		/* Before this frame is counted out: the bytes it leaves behind are depth - len. */
+		depth = (__s64)(q->enq_bytes - q->deq_bytes);
 		__sync_fetch_and_add(&q->deq_bytes, len);
 		__sync_fetch_and_add(&q->deq_pkts, 1);
+		pace = port->peer_rate ? bp_pacing.lookup(&ifindex) : NULL;
+		if (pace)
+			bp_pace(pace, port, len, depth);
 	}
 }
 
@@ -69,7 +132,7 @@ int bp_xdp_ingress(struct xdp_md *ctx)
 	prio_p = bp_dscp_prio.lookup(&dscp);
 	prio = prio_p ? (*prio_p & (BP_NUM_PRIO - 1)) : 0;
 	if (port->peer_queue)
-		bp_dequeue(port->peer_queue, prio, len);
+		bp_dequeue(port, prio, len);
 	if (!(port->flags & BP_PORT_SWITCH))
 		goto out;
 

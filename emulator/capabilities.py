@@ -70,6 +70,18 @@ def has_netem() -> bool:
     return try_qdisc("netem", delay=1000) is None
 
 
+def mem_available() -> int | None:
+    """Bytes of memory the kernel says new work can have (MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def bcc_kernel_source() -> str | None:
     """Where bcc should find kernel headers: None when the running kernel's own are installed."""
     if os.environ.get("BCC_KERNEL_SOURCE"):

@@ -20,10 +20,12 @@ from . import netns
 from . import vm as vm_mod
 from . import plan as plan_mod
 from .describe import NO_DELAY_WARNING
+from .timemodel import TimeModel
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TOPOLOGY = REPO / "topologies" / "cross-dc.yaml"
-STEAL_WARNING = 0.02
+# Telemetry every this much wall time unless asked otherwise: the sampler's own cost bounds it.
+DEFAULT_SAMPLE_WALL_S = 0.010
 
 
 def _fail(e: errors.BackplaneError) -> None:
@@ -83,13 +85,17 @@ def doctor(as_json: bool) -> None:
 @name_option
 @click.option("--no-wan-delay", is_flag=True,
               help="Run without the long-haul delay (kernels without sch_netem); said on every report.")
+@click.option("--dilation", default=None, metavar="D|realtime|faithful",
+              help="Run every time x D and every byte x scale*D, replacing the topology's dilation "
+                   "(realtime: D = 1; faithful: D = 1/scale, real bytes and true per-packet granularity).")
 @click.option("--json", "as_json", is_flag=True)
 @core
-def up(topology: str | None, name: str, no_wan_delay: bool, as_json: bool) -> None:
+def up(topology: str | None, name: str, no_wan_delay: bool, dilation: str | None, as_json: bool) -> None:
     """Build a fabric from TOPOLOGY (default: topologies/cross-dc.yaml) and keep it up."""
     need_root("up")
     path = os.path.abspath(topology) if topology else str(DEFAULT_TOPOLOGY)
-    fabric_plan = plan_mod.build(spec.load(path), name)  # bad input fails here, before any effect
+    # Bad input fails here, before any effect.
+    fabric_plan = plan_mod.build(spec.load(path, spec.parse_dilation(dilation)), name)
     if fabric_plan.spec.wan_paths and not no_wan_delay and not capabilities.has_netem():
         raise errors.CapabilityError(
             "this kernel has no sch_netem, so the 3,000 km long-haul delay cannot be emulated here; "
@@ -98,12 +104,13 @@ def up(topology: str | None, name: str, no_wan_delay: bool, as_json: bool) -> No
             "or sudo make demo), or bring it up without the delay (reported on every "
             f"line that shows a long-haul path): backplane up {topology or ''} --no-wan-delay".replace("  ", " "),
         )
-    reply = client.spawn(name, path, wan_delay=not no_wan_delay)
+    reply = client.spawn(name, path, wan_delay=not no_wan_delay, dilation=dilation)
     if as_json:
         click.echo(json.dumps(reply, indent=2))
         return
     click.echo(f"fabric {name!r} up in {reply['up_seconds']:.2f} s: {reply['nodes']} nodes, {reply['links']} links "
                f"(controller pid {reply['pid']}, namespaces {plan_mod.prefix_of(name)}*)")
+    click.echo(fabric_plan.spec.time.line())
     if fabric_plan.spec.wan_paths and not reply["wan_delay"]:
         click.echo(f"WARNING: {NO_DELAY_WARNING}")
     click.echo(f"next: backplane status --name {name}; backplane exec --name {name} NODE -- CMD; "
@@ -125,8 +132,8 @@ def status(name: str, as_json: bool, no_rtt: bool) -> None:
     for line in format_status(body):
         click.echo(line)
     if body.get("ports"):
-        click.echo(f"switch ports (eBPF datapath; live: backplane stats --name {name} --watch 1):")
-        for line in format_port_table(body["ports"]):
+        click.echo(f"switch ports (eBPF datapath; live: backplane stats --name {name} --watch 1), real units:")
+        for line in format_port_table(body["ports"], _tm(body)):
             click.echo(line)
 
 
@@ -149,8 +156,9 @@ def _egress_text(e: dict) -> str:
 
 
 def format_status(body: dict) -> list[str]:
-    lines = [f"fabric {body['name']!r} from {body['topology']}  scale {body['scale']:g}  MTU {body['mtu']}  "
-             f"controller pid {body['controller_pid']}"]
+    tm = _tm(body)
+    lines = [f"fabric {body['name']!r} from {body['topology']}  MTU {body['mtu']}  controller pid {body['controller_pid']}",
+             tm.line()]
     for w in body["warnings"]:
         lines.append(f"WARNING: {w}")
     roles: dict[str, list[str]] = {}
@@ -170,6 +178,8 @@ def format_status(body: dict) -> list[str]:
     for p in body["wan_paths"]:
         delay = (f"{units.format_duration(p['one_way_delay_s'])} one way" if p["delay_emulated"]
                  else f"NO DELAY (configured {units.format_duration(p['configured_one_way_delay_s'])}; --no-wan-delay)")
+        if p["delay_emulated"] and tm.dilation != 1:
+            delay += f" ({units.format_duration(p['wall_one_way_delay_s'])} of wall time)"
         lines.append(f"  {p['fiber']:<5} {p['distance_m'] / 1e3:g} km  {units.format_rate(p['real_rate_bps'])} "
                      f"(emulated {units.format_rate(p['rate_bps'])})  loss {p['loss']:.3g}"
                      f"{' (eBPF)' if p.get('loss_by') == 'ebpf' else ''}  "
@@ -182,7 +192,15 @@ def format_status(body: dict) -> list[str]:
         origin = src["kmin"] if len(set(src.values())) == 1 else ", ".join(f"{k} {v}" for k, v in src.items())
         lines.append(f"congestion control: DCQCN {cc['dcqcn']}{f' ({over})' if over else ''}; switch ECN "
                      f"Kmin {units.format_size(e['kmin'])} Kmax {units.format_size(e['kmax'])} Pmax {e['pmax']:.3g} "
-                     f"(emulated {e['emulated_kmin']} B/{e['emulated_kmax']} B; from {origin})")
+                     f"(emulated {units.format_size(e['emulated_kmin'])}/{units.format_size(e['emulated_kmax'])}; "
+                     f"from {origin})")
+    intra = body.get("intra_dc")
+    if intra:
+        applied = (f"held by netem on each host's egress ({units.format_duration(intra['wall_one_way_s'])} of wall "
+                   "time each way)" if intra["applied"] else
+                   f"NOT APPLIED ({intra['not_applied_because']}): the RTTs below are what the emulator itself gives")
+        lines.append(f"in-DC latency: {units.format_duration(intra['rtt_s'])} RTT real ({intra['cable_m']:g} m cables, "
+                     f"{units.format_duration(intra['switch_s'])} per switch); {applied}")
     if body["rtt"]:
         lines.append("RTT measured now:")
     for r in body["rtt"]:
@@ -190,10 +208,13 @@ def format_status(body: dict) -> list[str]:
             lines.append(f"  {r['scope']:<10} {r['src']} -> {r['dst']}: FAILED: {r['error']}")
             continue
         note = "" if body["wan_delay"] or r["scope"] != "cross-dc" else "  (NO WAN DELAY: not the real distance)"
+        real = lambda wall_s: units.format_duration(tm.real_time(wall_s))  # noqa: E731
+        wall = (f" [wall: avg {units.format_duration(r['avg_s'])} min {units.format_duration(r['min_s'])}]"
+                if tm.dilation != 1 else "")
         lines.append(f"  {r['scope']:<10} {r['src']} -> {r['dst']} ({r['dst_address']}): "
-                     f"avg {units.format_duration(r['avg_s'])} min {units.format_duration(r['min_s'])} "
-                     f"max {units.format_duration(r['max_s'])} ({r['received']}/{r['sent']} replies); "
-                     f"expected {units.format_duration(r['expected_s']) if r['expected_s'] else '~0'} propagation{note}")
+                     f"avg {real(r['avg_s'])} min {real(r['min_s'])} max {real(r['max_s'])} "
+                     f"({r['received']}/{r['sent']} replies); expected "
+                     f"{real(r['expected_s']) if r['expected_s'] else '~0'} propagation{note}{wall}")
     return lines
 
 
@@ -258,7 +279,7 @@ def _running_plan(name: str) -> plan_mod.FabricPlan:
     rec = state.read_record(name)
     if rec is None or not rec.alive():
         raise errors.NotRunning(f"no fabric named {name!r} is up (backplane up --name {name})")
-    return plan_mod.build(spec.load(rec.topology), name)
+    return plan_mod.build(spec.load(rec.topology, spec.parse_dilation(rec.dilation)), name)
 
 
 @main.group()
@@ -291,7 +312,9 @@ def measure_link(name: str, src: str, dst: str, path_index: int | None, seconds:
                f"{result.packets} packets in {seconds:g} s")
     if result.delay_line_drops is not None:
         click.echo(f"the path's delay line (netem on {fiber.node}) dropped {result.delay_line_drops} packets")
-    if result.cpu_steal > STEAL_WARNING:
+    from .telemetry import STEAL_LIMIT
+
+    if result.cpu_steal > STEAL_LIMIT:
         click.echo(f"WARNING: the hypervisor stole {result.cpu_steal:.0%} of this machine's CPU during the "
                    "measurement; shapers stall with it, so this figure understates the link")
 
@@ -312,31 +335,38 @@ def run_group() -> None:
 @click.option("--dcqcn", type=click.Choice(list(spec.DCQCN_PROFILES)), default=None,
               help="DCQCN profile the NICs run [default: the topology's nic.dcqcn, with its overrides]. "
                    "The switches keep the ECN thresholds the fabric was started with.")
-@click.option("--sample", default="10ms", show_default=True,
-              help="Telemetry period: QP rates, alpha and CNPs, and switch queues and marks (0: none).")
+@click.option("--sample", default=None,
+              help="Telemetry period in the real fabric's time: QP rates, alpha and CNPs, and switch queues "
+                   "and marks (0: none) [default: 10 ms of wall time, whatever the dilation].")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of rate and queue depth over time here.")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Give up after this many seconds.")
 @click.option("--json", "as_json", is_flag=True)
 @core
 def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, transport: str | None, dcqcn: str | None,
-                 sample: str, plot_path: str | None, timeout: float, as_json: bool) -> None:
+                 sample: str | None, plot_path: str | None, timeout: float, as_json: bool) -> None:
     """RDMA WRITE SIZE bytes from host SRC to host DST through the soft-NICs; report goodput,
     completion time, retransmissions, timeouts and DCQCN's work, per QP, and check the data
     arrived intact. SRC may name several hosts, comma-separated: they send at once (an incast),
-    and the report adds their fairness and the switch queues they built."""
+    and the report adds their fairness and the switch queues they built. Figures are the real
+    fabric's (times / dilation, rates / scale, bytes / scale*dilation); --json keeps the
+    emulated ones with the time model that converts them."""
     need_root("run transfer")
     from . import report
     from .nic import dcqcn as dcqcn_mod
     from .nic import transfer
 
     fabric_plan = _running_plan(name)
+    tm = fabric_plan.spec.time
     try:
         nbytes = units.parse_size(size)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--size")
     try:
-        period = 0.0 if sample.strip() in ("0", "0s") else units.parse_duration(sample)
+        if sample is None:
+            period = DEFAULT_SAMPLE_WALL_S
+        else:
+            period = 0.0 if sample.strip() in ("0", "0s") else tm.time(units.parse_duration(sample))
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--sample")
     nic = fabric_plan.spec.nic
@@ -354,12 +384,19 @@ def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, tran
     profile = (nic.dcqcn_profile(fspec.links.host) if dcqcn in (None, nic.dcqcn)
                else dcqcn_mod.profile(dcqcn, fspec.links.host))
     sampler = (lambda: client.request(name, {"op": "sample"})) if fspec.ecmp.datapath == "ebpf" else None
+    marks: list[int] = []  # the fabric's guard watches the run from when the data starts
+
+    def started() -> None:
+        marks.append(client.request(name, {"op": "fidelity"})["mark"])
+
     r = transfer.run(fabric_plan, srcs, dst, nbytes, qps, transport, timeout=timeout,
-                     cc=profile.scaled(fspec.scale), sample_s=period, sampler=sampler)
+                     cc=profile, sample_s=period, sampler=sampler, on_start=started)
+    machine = client.request(name, {"op": "fidelity", "since": marks[0]})["fidelity"]
     body = r.as_dict()
     body["figures"] = {"ports": report.ports(body),
                        "fairness": report.fairness(body, max(period, 10 * r.rtt_s)) if period else {},
                        "reaction": report.reaction(body)}
+    body["fidelity"] = report.fidelity(body, machine)
     if plot_path:
         report.plot(body, plot_path)
     if as_json:
@@ -373,54 +410,64 @@ def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, tran
         raise errors.MeasurementError("the transfer did not complete intact")
 
 
+def _tm(body: dict) -> TimeModel:
+    return TimeModel.from_dict(body["time_model"])
+
+
 def format_transfer(body: dict) -> list[str]:
+    """The transfer in the real fabric's units: times / d, rates / s, bytes / (s*d)."""
     r = body
+    tm = _tm(r)
     line = r["line_rate_bps"]
-    lines = [f"{r['src']} -> {r['dst']}: {units.format_size(r['size'])} per sender over {r['qps']} QPs each, "
-             f"{r['transport']}, RTT {r['rtt_s'] * 1e3:.2f} ms, line {units.format_rate(line)}",
+    dur = lambda wall_s: units.format_duration(tm.real_time(wall_s))  # noqa: E731
+    rate = lambda bps: units.format_rate(tm.real_rate(bps))  # noqa: E731
+    size = lambda nbytes: units.format_size(tm.real_size(nbytes))  # noqa: E731
+    lines = [tm.line(),
+             f"{r['src']} -> {r['dst']}: {size(r['size'])} per sender ({units.format_size(r['size'])} emulated) over "
+             f"{r['qps']} QPs each, {r['transport']}, RTT {dur(r['rtt_s'])}, line {rate(line)}",
              f"  {'intact' if r['intact'] else 'NOT INTACT'}{'' if r['complete'] else ', INCOMPLETE'}: "
-             f"{r['seconds']:.3f} s, goodput {units.format_rate(r['goodput_bps'])} "
+             f"{dur(r['seconds'])} ({r['seconds']:.3f} s of wall time), goodput {rate(r['goodput_bps'])} "
              f"({r['goodput_bps'] / line:.2f} of one host link), {r['data_packets']} packets, "
              f"{r['retransmits']} retransmitted, {r['timeouts']} timeouts, {r['cnps']} CNPs",
              f"  rate control: {r['rate_control']}"]
     delay = r["receiver"]["nic"].get("cnp_delay_s")
     if delay:
-        lines.append(f"  CNPs left the receiver {delay['p50'] * 1e3:.2f} ms (p50; p90 {delay['p90'] * 1e3:.2f}, max "
-                     f"{delay['max'] * 1e3:.2f}) after their marked packet arrived")
+        lines.append(f"  CNPs left the receiver {dur(delay['p50'])} (p50; p90 {dur(delay['p90'])}, max "
+                     f"{dur(delay['max'])}) after their marked packet arrived")
     react = r.get("figures", {}).get("reaction")
     if react:
-        p50s, p90 = react["p50_per_sender"], react["p90_max"] * 1e3
+        p50s = react["p50_per_sender"]
         if len(p50s) == 1:
-            lines.append(f"  the sender cut its rate {p50s[0] * 1e3:.2f} ms (p50; p90 {p90:.2f}, max "
-                         f"{react['max'] * 1e3:.2f}) after a CNP arrived")
+            lines.append(f"  the sender cut its rate {dur(p50s[0])} (p50; p90 {dur(react['p90_max'])}, max "
+                         f"{dur(react['max'])}) after a CNP arrived")
         else:
-            lines.append(f"  senders cut their rates {p50s[0] * 1e3:.2f}-{p50s[-1] * 1e3:.2f} ms (p50 per sender; "
-                         f"p90 up to {p90:.2f}) after a CNP arrived")
+            lines.append(f"  senders cut their rates {dur(p50s[0])}-{dur(p50s[-1])} (p50 per sender; "
+                         f"p90 up to {dur(react['p90_max'])}) after a CNP arrived")
     if len(r["flows"]) > 1:
-        lines.append(f"  {'sender':<16} {'start s':>8} {'time s':>8} {'goodput':>12} {'retx':>6} {'CNPs':>6}")
+        lines.append(f"  {'sender':<16} {'start':>9} {'time':>9} {'goodput':>12} {'retx':>6} {'CNPs':>6}")
         for f in r["flows"]:
-            lines.append(f"  {f['src']:<16} {f['started_s']:>8.3f} {f['seconds']:>8.3f} "
-                         f"{units.format_rate(f['goodput_bps']):>12} {f['retransmits']:>6} {f['cnps_received']:>6}")
-    lines.append(f"  {'QPN':>6} {'done s':>8} {'packets':>8} {'retx':>6} {'t/o':>4} {'CNPs':>5} {'srtt ms':>8} {'rto ms':>7}")
+            lines.append(f"  {f['src']:<16} {dur(f['started_s']):>9} {dur(f['seconds']):>9} "
+                         f"{rate(f['goodput_bps']):>12} {f['retransmits']:>6} {f['cnps_received']:>6}")
+    lines.append(f"  {'QPN':>6} {'done':>9} {'packets':>8} {'retx':>6} {'t/o':>4} {'CNPs':>5} {'srtt':>9} {'rto':>9}")
     for s in r["senders"]:
         for q in s["qps"]:
-            done = f"{q['completed_s']:.3f}" if q["completed_s"] is not None else "-"
-            srtt = f"{q['srtt_s'] * 1e3:.2f}" if q["srtt_s"] else "-"
-            lines.append(f"  {q['qpn']:>#6x} {done:>8} {q['data_packets']:>8} {q['retransmits']:>6} {q['timeouts']:>4} "
-                         f"{q['cnps_received']:>5} {srtt:>8} {q['rto_s'] * 1e3:>7.1f}" + (f"  {q['error']}" if q["error"] else ""))
+            done = dur(q["completed_s"]) if q["completed_s"] is not None else "-"
+            srtt = dur(q["srtt_s"]) if q["srtt_s"] else "-"
+            lines.append(f"  {q['qpn']:>#6x} {done:>9} {q['data_packets']:>8} {q['retransmits']:>6} {q['timeouts']:>4} "
+                         f"{q['cnps_received']:>5} {srtt:>9} {dur(q['rto_s']):>9}" + (f"  {q['error']}" if q["error"] else ""))
     fig = r.get("figures", {})
     fair = fig.get("fairness") or {}
     if fair.get("jain"):
-        settled = (f"reached {0.95} after {fair['fair_after_s'] * 1e3:.0f} ms ({fair['fair_after_s'] / r['rtt_s']:.0f} RTTs) "
+        settled = (f"reached {0.95} after {dur(fair['fair_after_s'])} ({fair['fair_after_s'] / r['rtt_s']:.0f} RTTs) "
                    "and stayed" if fair["fair_after_s"] is not None else "never stayed at 0.95 or above")
-        lines.append(f"  fairness (Jain, {fair['window_s'] * 1e3:g} ms windows while all sent): whole run "
+        lines.append(f"  fairness (Jain, {dur(fair['window_s'])} windows while all sent): whole run "
                      f"{fair['jain_whole']:.3f}, lowest window {fair['jain_min']:.3f}; {settled}")
     if fig.get("ports"):
-        lines.append(f"  switch queues while all sent ({fig['ports'][0]['samples']} samples):")
+        lines.append(f"  switch queues while all sent ({fig['ports'][0]['samples']} samples), real bytes:")
         lines.append(f"    {'port':<22} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8} {'marks':>7} {'drops':>6} {'util':>5}")
         for p in fig["ports"][:6]:
             util = f"{p['utilisation']:.2f}" if p["utilisation"] is not None else "-"
-            lines.append(f"    {p['port']:<22} " + " ".join(f"{units.format_size(p[k]):>8}" for k in
+            lines.append(f"    {p['port']:<22} " + " ".join(f"{size(p[k]):>8}" for k in
                                                            ("depth_p50", "depth_p90", "depth_p99", "depth_max"))
                          + f" {p['ecn_marks']:>7} {p['buffer_drops']:>6} {util:>5}")
     if r["telemetry"].get("ports_error"):
@@ -431,6 +478,22 @@ def format_transfer(body: dict) -> list[str]:
     drops.update({f"rx:{k}": v for k, v in r["receiver"]["nic"]["dropped"].items()})
     if drops:
         lines.append("  refused by the NICs: " + ", ".join(f"{k} {v}" for k, v in sorted(drops.items())))
+    sc = r.get("scenario") or {}
+    if sc and not sc.get("intra_dc_delay_applied"):
+        lines.append(f"  in-DC latency NOT APPLIED (no netem here, or below the emulator's own forwarding): the "
+                     f"path's RTT was {dur(r['rtt_s'])} against the topology's {units.format_duration(sc['intra_dc_rtt_s'])}")
+    lines += format_fidelity(r.get("fidelity"))
+    return lines
+
+
+def format_fidelity(f: dict | None) -> list[str]:
+    if not f:
+        return []
+    head = "faithful" if f["faithful"] else "NOT FAITHFUL: these figures include the emulator's own limits"
+    lines = [f"  fidelity: {head}"]
+    for x in f["findings"]:
+        lines.append(f"    {'ok ' if x['ok'] else 'NO '} {x['check']}: {x['message']}")
+    lines += [f"    NO  machine: {x}" for x in f["machine_limits"]]
     return lines
 
 
@@ -523,10 +586,11 @@ def format_stats(body: dict, prev: dict | None = None) -> list[str]:
     """Switch ports first, then the long-haul paths' shares, then the fidelity verdict."""
     interval = body["at"] - prev["at"] if prev else None
     before = {(p["node"], p["ifname"]): p for p in prev["ports"]} if prev else {}
-    lines = [f"fabric {body['name']!r}  datapath {body['datapath']}  hash {body['hash']}  scale {body['scale']:g}"]
+    tm = _tm(body)
+    lines = [f"fabric {body['name']!r}  datapath {body['datapath']}  hash {body['hash']}", tm.line()]
     if "counters" not in (body["ports"][0] if body["ports"] else {}):
         lines.append("  (kernel datapath: no per-port eBPF counters; qdisc figures only)")
-    lines += format_port_table(body["ports"], before, interval)
+    lines += format_port_table(body["ports"], tm, before, interval)
     fid = body["fidelity"]
     if fid["trustworthy"]:
         lines.append(f"fidelity: ok over the last {fid['interval_s']:.1f} s (softirq {fid['softirq_share']:.0%} of CPU)")
@@ -536,9 +600,13 @@ def format_stats(body: dict, prev: dict | None = None) -> list[str]:
     return lines
 
 
-def format_port_table(ports: list[dict], before: dict | None = None, interval: float | None = None) -> list[str]:
-    """One line per switch port, then each border's RoCE packets per long-haul path."""
+def format_port_table(ports: list[dict], tm: TimeModel, before: dict | None = None,
+                      interval: float | None = None) -> list[str]:
+    """One line per switch port, then each border's RoCE packets per long-haul path; rates,
+    depths and the interval in the real fabric's units (``interval`` is wall seconds)."""
     before = before or {}
+    rate = lambda bps: units.format_rate(tm.real_rate(bps))  # noqa: E731
+    size = lambda nbytes: units.format_size(tm.real_size(nbytes))  # noqa: E731
     lines = []
     head = (f"  {'port':<20} {'rate':>9} {'tx pkts':>9} {'tx now':>10} {'depth':>8} {'max':>8} {'marks':>7} "
             f"{'buf drop':>8} {'bad pkt':>7} {'qdisc drop':>10}")
@@ -553,12 +621,12 @@ def format_port_table(ports: list[dict], before: dict | None = None, interval: f
         tx_now = ""
         old = before.get((p["node"], p["ifname"]))
         if old and interval and c:
-            tx_now = units.format_rate((c["tx_bytes"] - old["counters"]["tx_bytes"]) * 8 / interval)
+            tx_now = rate((c["tx_bytes"] - old["counters"]["tx_bytes"]) * 8 / interval)
         bad = sum(v for k, v in c.items() if k.startswith("drop_") and k not in ("drop_buffer", "drop_loss"))
         lines.append(
-            f"  {p['node'] + ':' + p['ifname']:<20} {units.format_rate(p['rate_bps'] or 0):>9} "
-            f"{c.get('tx_pkts', qd.get('packets', 0)):>9} {tx_now:>10} {units.format_size(q.get('depth_bytes', 0)):>8} "
-            f"{units.format_size(q.get('max_depth_bytes', 0)):>8} {c.get('ecn_marks', 0):>7} "
+            f"  {p['node'] + ':' + p['ifname']:<20} {rate(p['rate_bps'] or 0):>9} "
+            f"{c.get('tx_pkts', qd.get('packets', 0)):>9} {tx_now:>10} {size(q.get('depth_bytes', 0)):>8} "
+            f"{size(q.get('max_depth_bytes', 0)):>8} {c.get('ecn_marks', 0):>7} "
             f"{c.get('drop_buffer', 0):>8} {bad:>7} {qd.get('drops', 0):>10}")
         if "wan_path" in p:
             paths.append(p)

@@ -61,7 +61,7 @@ def request(name: str, payload: dict, timeout: float = 120) -> dict:
     return reply
 
 
-def spawn(name: str, topology: str, wan_delay: bool, timeout: float = 600) -> dict:
+def spawn(name: str, topology: str, wan_delay: bool, timeout: float = 600, dilation: str | None = None) -> dict:
     """Start a controller for fabric ``name`` and wait until it reports the fabric up or failed."""
     rec = state.read_record(name)
     if rec is not None:
@@ -77,6 +77,8 @@ def spawn(name: str, topology: str, wan_delay: bool, timeout: float = 600) -> di
             "--ready-fd", str(w)]
     if not wan_delay:
         argv.append("--no-wan-delay")
+    if dilation is not None:
+        argv += ["--dilation", dilation]
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     try:

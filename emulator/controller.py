@@ -48,6 +48,14 @@ class Controller:
         self.guard = None  # telemetry.FidelityGuard, from the first stats request on
         self.hash_mode = self.plan.spec.ecmp.hash  # set_hash changes it while the fabric runs
         self._switch_ports = None  # the ports "sample" reads, listed once
+        self._marks: dict[int, object] = {}  # fidelity marks a run is judged against later
+
+    def _guard(self):
+        from . import telemetry
+
+        if self.guard is None:
+            self.guard = telemetry.FidelityGuard(self.fabric)
+        return self.guard
 
     def _datapath(self):
         if self.fabric.datapath is None:
@@ -64,15 +72,27 @@ class Controller:
             body = describe.fabric(self.fabric, measure_rtt=bool(request.get("rtt", True)))
             body.update(controller_pid=os.getpid(), up_since=self.started_at)
             return {"ok": True, "status": body}, False
+        if op == "fidelity":
+            # A run's fidelity: {"op": "fidelity"} marks its start and answers the mark's id;
+            # {"op": "fidelity", "since": id} judges everything since (machine and dequeue pacing).
+            guard = self._guard()
+            if request.get("since") is None:
+                key = max(self._marks, default=0) + 1
+                self._marks[key] = guard.mark()
+                return {"ok": True, "mark": key}, False
+            mark = self._marks.pop(int(request["since"]), None)
+            if mark is None:
+                raise errors.BackplaneError(f"no fidelity mark {request['since']!r}")
+            return {"ok": True, "fidelity": guard.since(mark)}, False
         if op == "stats":
             from . import telemetry
 
-            if self.guard is None:
-                self.guard = telemetry.FidelityGuard(self.fabric)
+            self._guard()
             ports = [telemetry.port_stats(self.fabric, p) for p in self.plan.ports()]
             body = {"name": self.plan.name, "datapath": self.plan.spec.ecmp.datapath,
                     "hash": self.hash_mode if self.fabric.datapath is not None else "kernel five-tuple",
-                    "scale": self.plan.spec.scale, "at": time.time(), "ports": ports,
+                    "scale": self.plan.spec.scale, "time_model": self.plan.spec.time.as_dict(),
+                    "at": time.time(), "ports": ports,
                     "fidelity": self.guard.check()}
             if self.fabric.datapath is not None:
                 lt = self.fabric.datapath.load_times
@@ -90,6 +110,11 @@ class Controller:
             backlog = queues.counters(ipr, port.ifindex)["backlog_bytes"]
             after = dp.queue(port.ifindex)["depth"]
             return {"ok": True, "depth_before": before, "backlog": backlog, "depth_after": after}, False
+        if op == "pacing":
+            # How one port's egress queue released frames while backlogged (Mininet-HiFi's
+            # check), counted since the maps were made: callers difference two readings.
+            port = self.plan.port(str(request.get("node")), str(request.get("ifname")))
+            return {"ok": True, "pacing": self._datapath().pacing(port.ifindex)}, False
         if op == "sample":
             # Every switch port's queue and marks now, for time series taken while traffic runs:
             # [port, depth, bytes dequeued, ECN marks, buffer drops] on CLOCK_MONOTONIC.
@@ -154,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", required=True)
     ap.add_argument("--topology", required=True)
     ap.add_argument("--no-wan-delay", action="store_true")
+    ap.add_argument("--dilation", default=None, help="replaces the topology's (a preset's name or a number)")
     ap.add_argument("--ready-fd", type=int, required=True)
     a = ap.parse_args(argv)
     ready = os.fdopen(a.ready_fd, "w")
@@ -164,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     listener = None
     failed = False
     try:
-        fabric_plan = plan_mod.build(spec.load(a.topology), a.name)
-        state.write_record(a.name, os.path.abspath(a.topology), not a.no_wan_delay)
+        fabric_plan = plan_mod.build(spec.load(a.topology, spec.parse_dilation(a.dilation)), a.name)
+        state.write_record(a.name, os.path.abspath(a.topology), not a.no_wan_delay, a.dilation)
         fabric = Fabric(fabric_plan, wan_delay=not a.no_wan_delay)
         fabric.start()
         path = state.socket_path(a.name)

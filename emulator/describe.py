@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import measure, queues
+from . import capabilities, measure, queues
 from .errors import MeasurementError
-from .plan import DelayLine, FabricPlan, Port, Shaping
+from .plan import MIN_NETEM_DELAY_S, DelayLine, FabricPlan, Port, Shaping
 
 if TYPE_CHECKING:
     from .fabric import Fabric
@@ -32,15 +32,20 @@ def rtt_pairs(plan: FabricPlan) -> list[tuple[str, str, str]]:
     return pairs
 
 
-def expected_rtt(plan: FabricPlan, scope: str, wan_delay: bool) -> float:
-    return 2 * plan.wan_delay_s() if scope == "cross-dc" and wan_delay else 0.0
+def expected_rtt(plan: FabricPlan, scope: str, wan_delay: bool, intra_delay: bool = False) -> float:
+    """The propagation a ping should see, wall seconds: the dilated fibers across the DCs, and
+    the dilated in-DC latency where the hosts' netem holds it."""
+    out = 2 * plan.wan_delay_s() if scope == "cross-dc" and wan_delay else 0.0
+    if intra_delay:
+        out += 2 * plan.spec.emulated_time(plan.spec.intra_dc_one_way_s())
+    return out
 
 
 def _configured(egress: Shaping | DelayLine | None, wan_delay: bool) -> dict | None:
     if isinstance(egress, Shaping):
         return {"kind": egress.shaper, "rate_bps": egress.rate_bps, "real_rate_bps": egress.real_rate_bps,
                 "buffer_bytes": egress.buffer_bytes, "real_buffer_bytes": egress.real_buffer_bytes,
-                "qdisc_limit_bytes": egress.qdisc_limit}
+                "qdisc_limit_bytes": egress.qdisc_limit, "delay_s": egress.delay_s}
     if isinstance(egress, DelayLine):
         if not wan_delay:
             return {"kind": "none", "note": NO_DELAY_WARNING}
@@ -78,6 +83,7 @@ def fabric(f: "Fabric", measure_rtt: bool = True) -> dict:
         "prefix": plan.prefix,
         "topology": spec.source,
         "scale": spec.scale,
+        "time_model": spec.time.as_dict(),
         "mtu": spec.mtu,
         "wan_delay": f.wan_delay,
         "warnings": [NO_DELAY_WARNING] if spec.wan_paths and not f.wan_delay else [],
@@ -94,6 +100,7 @@ def fabric(f: "Fabric", measure_rtt: bool = True) -> dict:
             "index": p.index, "fiber": f"wan{p.index}", "distance_m": p.distance_m,
             "one_way_delay_s": p.delay_s if f.wan_delay else 0.0,
             "configured_one_way_delay_s": p.delay_s, "delay_emulated": f.wan_delay,
+            "wall_one_way_delay_s": spec.emulated_time(p.delay_s) if f.wan_delay else 0.0,
             "real_rate_bps": p.rate_bps, "rate_bps": spec.emulated_rate(p.rate_bps),
             "loss": p.loss, "corruption": p.corruption, "ber": p.ber,
             # Who drops with that loss: the path's netem, or without delay lines the border's
@@ -101,6 +108,15 @@ def fabric(f: "Fabric", measure_rtt: bool = True) -> dict:
             "loss_by": ("netem" if f.wan_delay else "ebpf" if spec.ecmp.datapath == "ebpf" else None)
             if p.loss else None,
         })
+    one_way = spec.intra_dc_one_way_s()
+    out["intra_dc"] = {"one_way_s": one_way, "rtt_s": 2 * one_way, "cable_m": spec.latency.cable_m,
+                       "switch_s": spec.latency.switch_s, "applied": f.intra_delay,
+                       "wall_one_way_s": spec.emulated_time(one_way),
+                       # Why not, when it is not: what the report says next to the RTT it measured.
+                       "not_applied_because": None if f.intra_delay else (
+                           "this kernel has no sch_netem" if not capabilities.has_netem() else
+                           f"{spec.emulated_time(one_way) * 1e6:.3g} us of wall time is below the emulator's own "
+                           f"forwarding ({MIN_NETEM_DELAY_S * 1e6:g} us)")}
     out["datapath"] = spec.ecmp.datapath
     out["congestion"] = {"dcqcn": spec.nic.dcqcn, "dcqcn_overrides": dict(spec.nic.dcqcn_overrides),
                          "ecn": ecn_thresholds(spec)}
@@ -110,7 +126,7 @@ def fabric(f: "Fabric", measure_rtt: bool = True) -> dict:
         out["ports"] = [telemetry.port_stats(f, p) for p in plan.ports()]
     if measure_rtt:
         for scope, src, dst in rtt_pairs(plan):
-            entry = {"scope": scope, "expected_s": expected_rtt(plan, scope, f.wan_delay)}
+            entry = {"scope": scope, "expected_s": expected_rtt(plan, scope, f.wan_delay, f.intra_delay)}
             try:
                 entry.update(measure.rtt(plan, src, dst).as_dict())
             except MeasurementError as e:

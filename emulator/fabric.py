@@ -124,7 +124,8 @@ ROLE_CLASSES = {"host": HostNode, "leaf": RouterNode, "spine": RouterNode, "bord
 class PortIntf(Intf):
     """A fabric port: MTU, address and egress queue set over netlink, each checked."""
 
-    def config(self, plan_port: Port | None = None, mtu: int = 1500, wan_delay: bool = True, **_: Any) -> dict:
+    def config(self, plan_port: Port | None = None, mtu: int = 1500, wan_delay: bool = True,
+               intra_delay: bool = False, **_: Any) -> dict:
         if plan_port is None:
             return {}
         self.plan_port = plan_port
@@ -150,7 +151,7 @@ class PortIntf(Intf):
         if isinstance(egress, DelayLine) and not wan_delay:
             egress = None
         if egress is not None:
-            queues.install(ipr, index, egress, mtu, where)
+            queues.install(ipr, index, egress, mtu, where, with_delay=intra_delay)
         return {}
 
 
@@ -237,6 +238,9 @@ class Fabric:
     def __init__(self, plan: FabricPlan, wan_delay: bool = True) -> None:
         self.plan = plan
         self.wan_delay = wan_delay and bool(plan.spec.wan_paths)
+        # The in-DC latency, dilated, held by a netem on each host's egress where the kernel has
+        # netem; elsewhere status reports the in-DC RTT the emulator itself gives instead.
+        self.intra_delay = plan.intra_delay_applies(capabilities.has_netem())
         self.net: Mininet | None = None
         self.nodes: dict[str, FabricNode] = {}
         self.up_seconds: float | None = None
@@ -256,6 +260,8 @@ class Fabric:
                 "run the fabric in a VM with a stock kernel (the delay tier), or bring it up without "
                 "the delay, said loudly in every report: backplane up --no-wan-delay",
             )
+        if self.wan_delay:
+            check_wan_memory(self.plan, capabilities.mem_available())
 
     def start(self) -> None:
         """Build everything; on any failure remove what was built and raise."""
@@ -292,7 +298,7 @@ class Fabric:
             self.nodes[n.name] = self.net.addHost(plan.netns(n.name), cls=cls, plan_node=n, plan=plan)
         for link in plan.links:
             a, b = link.a, link.b
-            common = {"mtu": plan.spec.mtu, "wan_delay": self.wan_delay}
+            common = {"mtu": plan.spec.mtu, "wan_delay": self.wan_delay, "intra_delay": self.intra_delay}
             self.net.addLink(self.nodes[a.node], self.nodes[b.node], intfName1=a.ifname, intfName2=b.ifname,
                              addr1=a.mac, addr2=b.mac, params1={"plan_port": a, **common},
                              params2={"plan_port": b, **common})
@@ -322,6 +328,34 @@ class Fabric:
             # The programs left the kernel's ports with the namespaces; this frees them and the maps.
             self.datapath.close()
             self.datapath = None
+
+
+# What a queued frame costs the kernel beyond its bytes (skb, page fragments): netem's delay lines
+# hold the WAN's whole bandwidth-delay product in such buffers.
+SKB_OVERHEAD = 2.0
+# The delay lines may take at most this share of the memory the kernel says is available.
+WAN_MEMORY_SHARE = 0.5
+
+
+def check_wan_memory(plan: FabricPlan, available: int | None) -> None:
+    """Refuse a dilation whose long-haul bandwidth-delay product (both directions of every path
+    at line rate, x dilation) would not fit in memory, with the figures and the fix."""
+    from .plan import wan_bdp_bytes
+
+    spec = plan.spec
+    inflight = 2 * sum(wan_bdp_bytes(spec, p) for p in spec.wan_paths)
+    need = SKB_OVERHEAD * inflight
+    if available is None or need <= WAN_MEMORY_SHARE * available:
+        return
+    tm = spec.time
+    fit = tm.dilation * WAN_MEMORY_SHARE * available / need
+    raise CapabilityError(
+        f"at {tm.name} the {len(spec.wan_paths)} long-haul paths hold {inflight / 1e9:.3g} GB in flight at line "
+        f"rate ({spec.wan_paths[0].delay_s * 1e3:g} ms x {tm.dilation:g} = {tm.time(spec.wan_paths[0].delay_s):g} s "
+        f"of delay each way), about {need / 1e9:.3g} GB of kernel memory with its overhead, against "
+        f"{available / 1e9:.3g} GB available",
+        f"lower the dilation to {fit:.3g} or less (dilation: {fit:.3g} in {spec.source}, or up --dilation {fit:.3g}), "
+        "or the scale, or use fewer long-haul paths; studies of the WAN run realtime")
 
 
 def remove_fabric_namespaces(prefix: str) -> list[str]:

@@ -13,7 +13,7 @@ import ipaddress
 import math
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from .errors import BackplaneError
@@ -28,6 +28,9 @@ RESERVED_NAMES = ("probe",)
 # 50% to spare, so the delay line itself never drops at line rate.
 NETEM_BDP_FACTOR = 1.5
 MIN_FRAME = 64
+# Below this a dilated in-DC delay is shorter than the emulator's own forwarding of one hop and
+# than netem's timer slack: not installed, and status says so.
+MIN_NETEM_DELAY_S = 10e-6
 # Ports get ifindexes from here up, one per port, the same in every namespace's numbering space.
 FIRST_IFINDEX = 100
 # Frames the qdisc holds beyond the switch buffer the egress program enforces: covers packets
@@ -68,6 +71,11 @@ class Shaping:
     # The qdisc's own limit. With the eBPF datapath the egress program tail-drops at
     # buffer_bytes, so the qdisc holds a little more and never drops: queue accounting stays exact.
     qdisc_limit: int
+    # Wall seconds of in-DC latency (cables and switches, dilated) held by a netem under the
+    # shaper, on host ports only: switch queues stay pure FIFOs so their depth stays exact.
+    # Installed only where the kernel has netem and the delay is worth a timer (MIN_NETEM_DELAY_S).
+    delay_s: float = 0.0
+    delay_limit_packets: int = 0  # that netem's queue: the delay's BDP and the buffer, in small frames
 
 
 @dataclass(frozen=True)
@@ -170,7 +178,15 @@ class FabricPlan:
         raise KeyError(node)
 
     def wan_delay_s(self) -> float:
-        return max((p.delay_s for p in self.spec.wan_paths), default=0.0)
+        """The longest long-haul path's one-way delay as the emulation runs it (wall seconds:
+        the real delay x dilation)."""
+        return max((self.spec.emulated_time(p.delay_s) for p in self.spec.wan_paths), default=0.0)
+
+    def intra_delay_applies(self, has_netem: bool) -> bool:
+        """Whether the hosts' egress netem holds the in-DC latency: a kernel with netem and a
+        dilated delay worth a timer."""
+        return has_netem and any(isinstance(p.egress, Shaping) and p.egress.delay_s >= MIN_NETEM_DELAY_S
+                                 for p in self.ports())
 
 
 def _mac(node_id: int, port: int) -> str:
@@ -197,17 +213,19 @@ def build(spec: FabricSpec, name: str = DEFAULT_NAME) -> FabricPlan:
     host_subnets = spec.addressing.hosts.subnets(new_prefix=spec.addressing.host_prefix)
     p2p_subnets = spec.addressing.links.subnets(new_prefix=31)
 
-    def shaping(real_rate: int, real_buffer: int) -> Shaping:
+    def shaping(real_rate: int, real_buffer: int, delay_s: float = 0.0) -> Shaping:
         buf = spec.emulated_size(real_buffer)
-        return Shaping(spec.shaper, spec.emulated_rate(real_rate), buf, real_rate, real_buffer, buf)
+        rate = spec.emulated_rate(real_rate)
+        limit = 0
+        if delay_s:
+            limit = math.ceil((NETEM_BDP_FACTOR * rate / 8 * delay_s + buf) / MIN_FRAME)
+        return Shaping(spec.shaper, rate, buf, real_rate, real_buffer, buf, delay_s, limit)
 
     def port(node: str, address, peer: str, egress) -> Port:
         k = next_port[node]
         next_port[node] += 1
         if isinstance(egress, Shaping) and role[node] in SWITCH_ROLES and spec.ecmp.datapath == "ebpf":
-            limit = egress.buffer_bytes + QDISC_HEADROOM_FRAMES * (spec.mtu + ETH_HEADER)
-            egress = Shaping(egress.shaper, egress.rate_bps, egress.buffer_bytes, egress.real_rate_bps,
-                             egress.real_buffer_bytes, limit)
+            egress = replace(egress, qdisc_limit=egress.buffer_bytes + QDISC_HEADROOM_FRAMES * (spec.mtu + ETH_HEADER))
         return Port(node, f"eth{k}", _mac(node_ids[node], k), address, peer, "", egress, next(ifindexes))
 
     def pair(kind: str, a: Port, b: Port, path: int | None = None) -> Link:
@@ -221,6 +239,9 @@ def build(spec: FabricSpec, name: str = DEFAULT_NAME) -> FabricPlan:
 
     links: list[Link] = []
     sw_buf, host_buf, border_buf = spec.buffers.switch, spec.buffers.host, spec.buffers.border
+    # Each host's egress holds the one-way in-DC latency: every path between two hosts (and
+    # each host's share of a cross-DC path) then has it once each way.
+    host_delay = spec.emulated_time(spec.intra_dc_one_way_s())
     rates = spec.links
     for dc in spec.datacenters:
         for leaf in range(dc.leaves):
@@ -233,7 +254,7 @@ def build(spec: FabricSpec, name: str = DEFAULT_NAME) -> FabricPlan:
             for h in range(dc.hosts_per_leaf):
                 hname = f"{dc.name}-host{leaf * dc.hosts_per_leaf + h}"
                 haddr = ipaddress.IPv4Interface(f"{subnet[2 + h]}/{subnet.prefixlen}")
-                a = port(hname, haddr, lname, shaping(rates.host, host_buf))
+                a = port(hname, haddr, lname, shaping(rates.host, host_buf, host_delay))
                 b = port(lname, gateway, hname, shaping(rates.host, sw_buf))
                 links.append(pair("host", a, b))
     for dc in spec.datacenters:
@@ -268,15 +289,20 @@ def build(spec: FabricSpec, name: str = DEFAULT_NAME) -> FabricPlan:
 
 
 def delay_line(spec: FabricSpec, path: WanPath) -> DelayLine:
-    rate = spec.emulated_rate(path.rate_bps)
-    bdp_bytes = rate / 8 * path.delay_s
-    limit = max(1000, math.ceil(NETEM_BDP_FACTOR * bdp_bytes / MIN_FRAME))
-    return DelayLine(path.delay_s, path.loss, path.corruption, limit, path.index)
+    delay = spec.emulated_time(path.delay_s)
+    limit = max(1000, math.ceil(NETEM_BDP_FACTOR * wan_bdp_bytes(spec, path) / MIN_FRAME))
+    return DelayLine(delay, path.loss, path.corruption, limit, path.index)
+
+
+def wan_bdp_bytes(spec: FabricSpec, path: WanPath) -> float:
+    """Emulated bytes in flight on one direction of a long-haul path at its line rate: the
+    emulated rate times the dilated delay (the real BDP x scale*dilation)."""
+    return spec.emulated_rate(path.rate_bps) / 8 * spec.emulated_time(path.delay_s)
 
 
 def bdp_packets(spec: FabricSpec, path: WanPath) -> float:
     """The path's one-way bandwidth-delay product in full-size frames."""
-    return spec.emulated_rate(path.rate_bps) / 8 * path.delay_s / (spec.mtu + ETH_HEADER)
+    return wan_bdp_bytes(spec, path) / (spec.mtu + ETH_HEADER)
 
 
 def _routes(nodes: list[Node], links: tuple[Link, ...]) -> dict[str, tuple[Route, ...]]:

@@ -31,8 +31,12 @@ def _burst(rate_bps: int, mtu: int) -> int:
     return max(2 * (mtu + ETH_HEADER), int(rate_bps / 8 * BURST_SECONDS))
 
 
-def install(ipr: IPRoute, index: int, egress: Shaping | DelayLine, mtu: int, where: str) -> None:
-    """Install ``egress`` as the root qdisc of interface ``index``; raise unless it took."""
+def install(ipr: IPRoute, index: int, egress: Shaping | DelayLine, mtu: int, where: str,
+            with_delay: bool = False) -> None:
+    """Install ``egress`` as the root qdisc of interface ``index``; raise unless it took. With
+    ``with_delay``, a shaped egress that carries an in-DC delay gets it as a netem under the
+    shaper (HTB only: TBF takes no child here) instead of its FIFO."""
+    delayed = with_delay and isinstance(egress, Shaping) and egress.delay_s > 0
     try:
         if isinstance(egress, Shaping):
             rate = egress.rate_bps // 8  # bytes per second, as HTB/TBF carry it
@@ -42,14 +46,21 @@ def install(ipr: IPRoute, index: int, egress: Shaping | DelayLine, mtu: int, whe
                 ipr.tc("add", "htb", index, ROOT, default=1)
                 ipr.tc("add-class", "htb", index, CLASS, parent=ROOT, rate=rate, ceil=rate,
                        burst=burst, cburst=burst, quantum=frame, mtu=frame)
-                ipr.tc("add", "bfifo", index, LEAF, parent=CLASS, limit=egress.qdisc_limit)
+                if delayed:
+                    ipr.tc("add", "netem", index, LEAF, parent=CLASS, delay=egress.delay_s * 1e6,
+                           limit=egress.delay_limit_packets)
+                else:
+                    ipr.tc("add", "bfifo", index, LEAF, parent=CLASS, limit=egress.qdisc_limit)
             else:
+                if delayed:
+                    raise FabricError(f"{where}: the in-DC delay needs a netem under the shaper; "
+                                      "use shaper: htb")
                 ipr.tc("add", "tbf", index, ROOT, rate=rate, burst=burst, limit=egress.qdisc_limit, mtu=frame)
         else:
             ipr.tc("add", "netem", index, ROOT, delay=egress.delay_s * 1e6, limit=egress.limit_packets,
                    loss=egress.loss * 100, prob_corrupt=egress.corruption * 100)
     except NetlinkError as e:
-        kind = "netem" if isinstance(egress, DelayLine) else egress.shaper
+        kind = "netem" if isinstance(egress, DelayLine) or delayed else egress.shaper
         if e.code == 2:  # ENOENT: the kernel has no such qdisc
             from .capabilities import NETEM_FIX
 
@@ -57,7 +68,7 @@ def install(ipr: IPRoute, index: int, egress: Shaping | DelayLine, mtu: int, whe
                                   NETEM_FIX if kind == "netem" else f"a kernel with {kind} (CONFIG_NET_SCH_{kind.upper()})")
         raise FabricError(f"{where}: adding the {kind} qdisc failed: {os.strerror(e.code)}") from None
     got = read(ipr, index)
-    _verify(got, egress, where)
+    _verify(got, egress, where, delayed)
 
 
 def read(ipr: IPRoute, index: int) -> dict:
@@ -77,7 +88,12 @@ def read(ipr: IPRoute, index: int) -> dict:
         leaf = qdiscs.get(LEAF)
         if leaf is not None:
             out["fifo"] = leaf.get_attr("TCA_KIND")
-            out["limit_bytes"] = leaf.get_attr("TCA_OPTIONS")["limit"]
+            if out["fifo"] == "netem":
+                opts = leaf.get_attr("TCA_OPTIONS")
+                out["limit_packets"] = opts["limit"]
+                out["delay_s"] = _netem_delay(opts)
+            else:
+                out["limit_bytes"] = leaf.get_attr("TCA_OPTIONS")["limit"]
     elif kind == "tbf":
         parms = root.get_attr("TCA_OPTIONS").get_attr("TCA_TBF_PARMS")
         out["rate_bps"] = parms["rate"] * 8
@@ -101,7 +117,7 @@ def _netem_delay(opts) -> float:
     return opts["delay"] / tick_in_usec / 1e6
 
 
-def _verify(got: dict, want: Shaping | DelayLine, where: str) -> None:
+def _verify(got: dict, want: Shaping | DelayLine, where: str, delayed: bool = False) -> None:
     def fail(what: str) -> FabricError:
         return FabricError(f"{where}: the kernel holds {got} after installing {want}: {what}")
 
@@ -110,7 +126,12 @@ def _verify(got: dict, want: Shaping | DelayLine, where: str) -> None:
             raise fail(f"root qdisc is {got.get('kind')}, not {want.shaper}")
         if abs(got.get("rate_bps", 0) - want.rate_bps) > 8:
             raise fail("rate differs")
-        if got.get("limit_bytes") != want.qdisc_limit:
+        if delayed:
+            if got.get("fifo") != "netem" or abs(got.get("delay_s", 0) - want.delay_s) > 1e-6:
+                raise fail("the in-DC delay line under the shaper differs")
+            if got.get("limit_packets") != want.delay_limit_packets:
+                raise fail("the in-DC delay line's limit differs")
+        elif got.get("limit_bytes") != want.qdisc_limit:
             raise fail("queue limit differs")
     else:
         if got.get("kind") != "netem":

@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from . import fidelity as fidelity_mod
+from .timemodel import TimeModel
+
 FAIR = 0.95  # Jain's index at or above which flows count as sharing fairly
 
 
@@ -80,22 +83,52 @@ def reaction(result: dict) -> dict | None:
             "p90_max": max(x["p90"] for x in sums), "max": max(x["max"] for x in sums)}
 
 
+def time_model(result: dict) -> TimeModel:
+    return TimeModel.from_dict(result["time_model"])
+
+
+def fidelity(result: dict, machine: dict | None) -> dict:
+    """The run's fidelity verdict: the time model's granularity against what DCQCN and ECN work
+    with, the NICs' own lateness against the feedback loop the topology models, and the
+    fabric's guard over the run (``machine``: the controller's verdict since the run's start:
+    steal, softirq, drops outside the model, every busy port's dequeue pacing)."""
+    tm = time_model(result)
+    sc = result["scenario"]
+    cc = sc.get("dcqcn")
+    ecn = result["telemetry"].get("ecn") or {}
+    findings = fidelity_mod.granularity(
+        tm, sc["frame_bytes"], sc["host_rate_bps"],
+        (ecn["emulated_kmin"], ecn["emulated_kmax"]) if ecn and cc else None, cc)
+    if cc:
+        late = [s["nic"].get("reaction_late_s") for s in result["senders"] if s["nic"].get("reaction_late_s")]
+        react = {"p50": max(x["p50"] for x in late), "p90": max(x["p90"] for x in late)} if late else None
+        cnp = result["receiver"]["nic"].get("cnp_late_s")
+        loop = sc["intra_dc_rtt_s"] + cc["cnp_delay_s"] + cc["reaction_delay_s"]
+        findings.append(fidelity_mod.feedback(tm, cnp, react, loop))
+    for p in (machine or {}).get("pacing", []):
+        findings.append(fidelity_mod.Finding(**p))
+    limits = [x for x in (machine or {}).get("limits", []) if not x.startswith("NOT FAITHFUL")]
+    out = fidelity_mod.verdict(findings, limits)
+    if machine is None:
+        out["machine_limits"].append("the fabric's guard was not asked (no eBPF datapath or no controller)")
+        out["faithful"] = False
+    return out
+
+
 def _sent(tel: dict) -> list[int]:
     """A sender's bytes sent by each sample, its QPs summed."""
     return [sum(q["tx_bytes"][k] for q in tel["qps"].values()) for k in range(len(tel["t"]))]
 
 
-def flow_rates(result: dict) -> tuple[list[float], dict[str, list[float]]]:
-    """Each sender's rate (bit/s, its QPs summed) per sample interval: (interval ends, rates)."""
-    senders = result["telemetry"].get("senders") or {}
-    series: dict[str, list[float]] = {}
-    times: list[float] = []
-    for host, tel in senders.items():
+def flow_rates(result: dict) -> dict[str, tuple[list[float], list[float]]]:
+    """Each sender's rate (bit/s, its QPs summed) per sample interval: host -> (interval ends,
+    rates); each sender samples on its own ticks."""
+    out = {}
+    for host, tel in (result["telemetry"].get("senders") or {}).items():
         t, total = tel["t"], _sent(tel)
-        series[host] = [(total[k] - total[k - 1]) * 8 / (t[k] - t[k - 1]) if t[k] > t[k - 1] else 0.0
-                        for k in range(1, len(t))]
-        times = times or t[1:]
-    return times, series
+        out[host] = (t[1:], [(total[k] - total[k - 1]) * 8 / (t[k] - t[k - 1]) if t[k] > t[k - 1] else 0.0
+                             for k in range(1, len(t))])
+    return out
 
 
 def fairness(result: dict, window_s: float) -> dict:
@@ -135,38 +168,44 @@ def _interp(t: list[float], v: list[float], x: float) -> float:
 
 
 def plot(result: dict, path: str | Path) -> Path:
-    """A PNG: each sender QP's DCQCN rate and each sender's measured rate over time, and the
-    depth of the busiest switch queues with the ECN thresholds."""
+    """A PNG in the real fabric's units: each sender QP's DCQCN rate and each sender's measured
+    rate over time, and the depth of the busiest switch queues with the ECN thresholds; the
+    title carries the time model (scale, dilation, granularity)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
 
+    tm = time_model(result)
     tel = result["telemetry"]
+    t_real = lambda ts: [tm.real_time(t) * 1e3 for t in ts]  # noqa: E731 - wall s -> real ms
+    gbps = lambda bps: tm.real_rate(bps) / 1e9  # noqa: E731
     fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
     for host, s in (tel.get("senders") or {}).items():
         for qpn, q in s["qps"].items():
-            top.plot(s["t"], [r / 1e6 for r in q["rate_bps"]], lw=0.8, label=f"{host} QP {int(qpn):#x}")
-    top.set_ylabel("DCQCN rate Rc,\nmean per sample (Mb/s)")
-    top.set_title(f"{result['src']} -> {result['dst']}: {result['rate_control']}, {result['transport']}")
-    times, rates = flow_rates(result)
-    for host, r in rates.items():
-        mid.plot(times[:len(r)], [x / 1e6 for x in r], lw=0.8, label=host)
-    mid.set_ylabel("sent (Mb/s)")
+            top.plot(t_real(s["t"]), [gbps(r) for r in q["rate_bps"]], lw=0.8, label=f"{host} QP {int(qpn):#x}")
+    top.set_ylabel("DCQCN rate Rc,\nmean per sample (Gb/s)")
+    top.set_title(f"{result['src']} -> {result['dst']}: {result['rate_control']}, {result['transport']}\n"
+                  f"scale {tm.scale:g}, dilation {tm.name}, granularity x{tm.distortion:g}; real units",
+                  fontsize=9)
+    for host, (times, r) in flow_rates(result).items():
+        mid.plot(t_real(times), [gbps(x) for x in r], lw=0.8, label=host)
+    mid.set_ylabel("sent (Gb/s)")
     t0 = tel["t0_monotonic"]
     readings = tel.get("ports") or []
     busiest = ports(result)[:3]
     names = [r[0] for r in readings[0]["ports"]] if readings else []
     for p in busiest:
         i = names.index(p["port"])
-        bottom.plot([r["t"] - t0 for r in readings], [r["ports"][i][1] / 1e3 for r in readings], lw=0.8, label=p["port"])
+        bottom.plot(t_real([r["t"] - t0 for r in readings]), [tm.real_size(r["ports"][i][1]) / 1e3 for r in readings],
+                    lw=0.8, label=p["port"])
     ecn = tel.get("ecn") or {}
     for key, style in (("kmin", ":"), ("kmax", "--")):
-        size = ecn.get(f"emulated_{key}")
+        size = ecn.get(key)
         if size:
             bottom.axhline(size / 1e3, ls=style, lw=0.8, color="grey", label=f"{key.capitalize()} {size / 1e3:g} KB")
     bottom.set_ylabel("queue depth (KB)")
-    bottom.set_xlabel("time (s)")
+    bottom.set_xlabel("time (ms of the real fabric)")
     for ax in (top, mid, bottom):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=6, loc="upper right", ncol=2)

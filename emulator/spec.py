@@ -1,23 +1,26 @@
 """The topology file: a versioned YAML format parsed into frozen dataclasses.
 
 Pure data: reading the file is the only I/O. Every error names the file, the key path
-(``datacenters[1].hosts_per_leaf``) and what is wrong. Rates and byte sizes are written as the
-real fabric has them (``400Gbps``, ``16MB``); ``scale`` turns them into what the emulation runs
-(400 Gb/s at scale 0.001 is 400 Mb/s), so every buffer keeps its size in time.
+(``datacenters[1].hosts_per_leaf``) and what is wrong. Rates, times and byte sizes are written
+as the real fabric has them (``400Gbps``, ``15ms``, ``16MB``); ``scale`` and ``dilation`` turn
+them into what the emulation runs (emulator/timemodel.py): rates x scale, times x dilation,
+bytes x scale*dilation.
 """
 from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
 from . import units
-from .nic import dcqcn as dcqcn_mod
 from .errors import SpecError
+from .nic import dcqcn as dcqcn_mod
+from .timemodel import PRESETS as DILATION_PRESETS
+from .timemodel import TimeModel
 
 FORMAT_VERSION = 1
 # IPv4 20 + UDP 8 + BTH 12 + RETH 16 + 4096 payload + ICRC 4: the largest RoCEv2 packet we send.
@@ -27,11 +30,16 @@ ETH_HEADER = 14
 MIN_EMULATED_RATE = 1_000_000
 # HTB and TBF carry rates as 32-bit bytes per second.
 MAX_EMULATED_RATE = 34_000_000_000
+# Queue limits (bfifo, the datapath's buffer) are 32-bit byte counts; leave room for headroom.
+MAX_EMULATED_BUFFER = 4_000_000_000
+# netem carries its delay as 32-bit ticks of 64 ns (274 s); keep clear of the wrap.
+MAX_NETEM_DELAY_S = 200.0
 HASH_MODES = ("five-tuple", "qpn", "qpn-psn", "ev")
 # ebpf: the switches forward RoCEv2 in eBPF (ECMP by ecmp.hash, true queue depth, WRED ECN);
 # kernel: plain Linux routers with kernel ECMP (five-tuple), the baseline it replaces.
 DATAPATHS = ("ebpf", "kernel")
 TRANSPORTS = ("selective", "go-back-n")
+WINDOWS = ("bdp", "none")
 DCQCN_PROFILES = dcqcn_mod.PROFILE_NAMES
 PFC_WATCHDOG_ACTIONS = ("drop", "forward", "alert")
 SHAPERS = ("htb", "tbf")
@@ -87,6 +95,18 @@ class Addressing:
 
 
 @dataclass(frozen=True)
+class Latency:
+    """What a packet takes inside a DC besides queueing, real: the cables and the switches'
+    forwarding (cut-through ASICs). Queueing is emulated by the real queues; this is the rest."""
+
+    cable_m: float = 20.0  # a typical cable in a hall: 100 ns of fiber
+    switch_s: float = 500e-9  # one switch traversal
+
+    def one_way_s(self, cables: int, switches: int) -> float:
+        return cables * units.fiber_delay(self.cable_m) + switches * self.switch_s
+
+
+@dataclass(frozen=True)
 class Ecmp:
     hash: str = "five-tuple"
     datapath: str = "ebpf"
@@ -123,6 +143,10 @@ class Nic:
     transport: str = "selective"
     dcqcn: str = "paper"
     qps_per_pair: int = 1
+    # In flight per NIC: "bdp" (IRN's BDP flow control: one bandwidth-delay product, shared by
+    # the NIC's QPs) or "none" (as a ConnectX without IRN: a QP sends at its rate, whatever is
+    # unacknowledged, up to the responder's window).
+    window: str = "bdp"
     # The profile's fields the topology overrides, as (Profile field, value) pairs, real units.
     dcqcn_overrides: tuple[tuple[str, Any], ...] = ()
 
@@ -137,6 +161,8 @@ class FabricSpec:
     version: int
     scale: float
     mtu: int
+    dilation: float
+    dilation_preset: str | None  # "realtime" | "faithful", or None when a number was given
     shaper: str
     addressing: Addressing
     links: LinkRates
@@ -147,16 +173,31 @@ class FabricSpec:
     ecn: Ecn
     pfc: Pfc
     nic: Nic
+    latency: Latency = field(default_factory=Latency)
+
+    @property
+    def time(self) -> TimeModel:
+        return TimeModel(self.scale, self.dilation, self.dilation_preset)
 
     def emulated_rate(self, real_bps: int) -> int:
-        return round(real_bps * self.scale)
+        return self.time.rate(real_bps)
 
     def emulated_size(self, real_bytes: int) -> int:
-        return round(real_bytes * self.scale)
+        """Buffers, thresholds, byte counters: x scale*dilation."""
+        return self.time.size(real_bytes)
+
+    def emulated_time(self, real_s: float) -> float:
+        return self.time.time(real_s)
 
     def emulated_ecn(self) -> tuple[int, int, float]:
         """(Kmin, Kmax, Pmax) as the switches mark: bytes scaled."""
         return self.emulated_size(self.ecn.kmin), self.emulated_size(self.ecn.kmax), self.ecn.pmax
+
+    def intra_dc_one_way_s(self) -> float:
+        """Real one-way latency host to host across a spine: 4 cables, leaf, spine and leaf
+        (within one leaf: 2 cables and 1 switch)."""
+        crosses_spine = any(dc.leaves > 1 for dc in self.datacenters)
+        return self.latency.one_way_s(4, 3) if crosses_spine else self.latency.one_way_s(2, 1)
 
     @property
     def cross_dc(self) -> bool:
@@ -234,6 +275,25 @@ def _scale(value: Any) -> float:
     return float(value)
 
 
+def _dilation(value: Any) -> float | str:
+    if isinstance(value, str) and value in DILATION_PRESETS:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"must be {' or '.join(DILATION_PRESETS)}, or a number such as 10, got {value!r}")
+    if not value > 0:
+        raise ValueError(f"must be positive, got {value}")
+    return float(value)
+
+
+def time_model(scale: float, dilation: float | str, file: str, where: str = "dilation") -> TimeModel:
+    """The time model of ``scale`` and ``dilation`` (a preset's name or a number), or a SpecError
+    that says why that dilation cannot run at that scale."""
+    try:
+        return TimeModel.of(scale, _dilation(dilation))
+    except ValueError as e:
+        raise SpecError(file, where, str(e)) from None
+
+
 def _network(value: Any) -> ipaddress.IPv4Network:
     if not isinstance(value, str):
         raise ValueError(f"must be an IPv4 prefix such as '198.18.0.0/16', got {value!r}")
@@ -293,14 +353,15 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def load(path: str | Path) -> FabricSpec:
-    """Read and validate a topology file."""
+def load(path: str | Path, dilation: float | str | None = None) -> FabricSpec:
+    """Read and validate a topology file; ``dilation`` (``up --dilation``) replaces the file's."""
     file = str(path)
     try:
         text = Path(path).read_text()
     except OSError as e:
         raise SpecError(file, "", f"cannot read: {e.strerror}") from None
-    return parse(text, file)
+    out = parse(text, file)
+    return out if dilation is None else with_dilation(out, dilation)
 
 
 def parse(text: str, file: str = "<string>") -> FabricSpec:
@@ -316,13 +377,14 @@ def parse(text: str, file: str = "<string>") -> FabricSpec:
     top = r.mapping(
         doc,
         "",
-        ("version", "scale", "mtu", "shaper", "addressing", "links", "buffers", "datacenters",
-         "wan", "ecmp", "ecn", "pfc", "nic"),
+        ("version", "scale", "dilation", "mtu", "shaper", "addressing", "links", "latency", "buffers",
+         "datacenters", "wan", "ecmp", "ecn", "pfc", "nic"),
     )
     version = r.get(top, "", "version", _int(1))
     if version != FORMAT_VERSION:
         raise r.fail("version", f"format version {version} is not supported; this backplane reads {FORMAT_VERSION}")
     scale = r.get(top, "", "scale", _scale, 0.001)
+    tm = time_model(scale, r.get(top, "", "dilation", _dilation, "realtime"), file)
     mtu = r.get(top, "", "mtu", _int(ROCE_MAX_PACKET, 9216), 4200)
     shaper = r.get(top, "", "shaper", _choice(SHAPERS), "htb")
     addressing = _addressing(r, top)
@@ -336,6 +398,8 @@ def parse(text: str, file: str = "<string>") -> FabricSpec:
         version=version,
         scale=scale,
         mtu=mtu,
+        dilation=tm.dilation,
+        dilation_preset=tm.preset,
         shaper=shaper,
         addressing=addressing,
         links=links,
@@ -346,9 +410,36 @@ def parse(text: str, file: str = "<string>") -> FabricSpec:
         ecn=_ecn(r, top, nic, links),
         pfc=_pfc(r, top),
         nic=nic,
+        latency=_latency(r, top),
     )
     _check_whole(r, spec, top)
     return spec
+
+
+def parse_dilation(text: str | None) -> float | str | None:
+    """A dilation as given on a command line: a number, or a preset's name (checked later)."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text.strip()
+
+
+def with_dilation(spec: FabricSpec, dilation: float | str, where: str = "--dilation") -> FabricSpec:
+    """``spec`` run at another dilation (``up --dilation``), checked as the file's own would be."""
+    tm = time_model(spec.scale, dilation, spec.source, where)
+    out = replace(spec, dilation=tm.dilation, dilation_preset=tm.preset)
+    _check_whole(_Reader(spec.source), out, {})
+    return out
+
+
+def _latency(r: _Reader, top: dict) -> Latency:
+    m = r.mapping(top.get("latency"), "latency", ("cable", "switch"))
+    return Latency(cable_m=r.get(m, "latency", "cable", _non_negative(units.parse_distance, "distance"),
+                                 Latency.cable_m),
+                   switch_s=r.get(m, "latency", "switch", _non_negative(units.parse_duration, "duration"),
+                                  Latency.switch_s))
 
 
 def _addressing(r: _Reader, top: dict) -> Addressing:
@@ -483,9 +574,30 @@ def _pfc(r: _Reader, top: dict) -> Pfc:
 
 # nic.dcqcn as a mapping: ``profile`` plus any of these, each overriding one Profile field
 # (real units; the emulation scales rates and bytes with the topology's scale).
+def _zero_or(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A quantity that may also be a bare 0 (off)."""
+    return lambda v: 0 if v == 0 and not isinstance(v, bool) else parse(v)
+
+
+def _share(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"must be a number in [0, 1] such as 0.5, got {value!r}")
+    return float(value)
+
+
 DCQCN_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "g": ("g", _fraction),
-    "cnp_interval": ("cnp_interval_s", _duration),  # N
+    "cnp_interval": ("cnp_interval_s", _zero_or(_duration)),  # N; 0: a CNP per marked packet
+    "cnp_defer": ("cnp_defer", _bool),  # a mark inside N gets one CNP when N has passed
+    "cnp_delay": ("cnp_delay_s", _zero_or(_duration)),  # the receiving NIC's processing
+    "reaction_delay": ("reaction_delay_s", _zero_or(_duration)),  # the sending NIC's processing
+    "alpha_rule": ("alpha_rule", _choice(dcqcn_mod.ALPHA_RULES)),
+    "initial_alpha": ("initial_alpha", _share),
+    "rate_decrease_period": ("rate_decrease_period_s", _zero_or(_duration)),  # 0: cut on every CNP
+    "clamp": ("clamp", _choice(dcqcn_mod.CLAMPS)),
+    "min_dec_factor": ("min_dec_factor", _share),
+    "stage_rule": ("stage_rule", _choice(dcqcn_mod.STAGE_RULES)),
+    "hyper_step": ("hyper_step", _choice(dcqcn_mod.HYPER_STEPS)),
     "alpha_period": ("alpha_period_s", _duration),  # K
     "timer": ("timer_s", _duration),  # T
     "byte_counter": ("byte_counter", lambda v: 0 if v == 0 and not isinstance(v, bool) else _size(v)),  # B; 0: timer only
@@ -505,7 +617,7 @@ def _dcqcn_name(value: Any) -> str:
 
 
 def _nic(r: _Reader, top: dict) -> Nic:
-    m = r.mapping(top.get("nic"), "nic", ("transport", "dcqcn", "qps_per_pair"))
+    m = r.mapping(top.get("nic"), "nic", ("transport", "dcqcn", "qps_per_pair", "window"))
     raw = m.get("dcqcn", "paper")
     overrides: list[tuple[str, Any]] = []
     if isinstance(raw, dict):
@@ -522,6 +634,7 @@ def _nic(r: _Reader, top: dict) -> Nic:
         transport=r.get(m, "nic", "transport", _choice(TRANSPORTS), "selective"),
         dcqcn=name,
         qps_per_pair=r.get(m, "nic", "qps_per_pair", _int(1, 1024), 1),
+        window=r.get(m, "nic", "window", _choice(WINDOWS), "bdp"),
         dcqcn_overrides=tuple(overrides),
     )
 
@@ -590,14 +703,28 @@ def _check_whole(r: _Reader, spec: FabricSpec, top: dict) -> None:
                 "an emulated port can shape; change scale",
             )
     frame = spec.mtu + ETH_HEADER
+    tm = spec.time
     for name in ("host", "switch", "border"):
         real = getattr(spec.buffers, name)
-        if spec.emulated_size(real) < frame:
+        emulated = spec.emulated_size(real)
+        if emulated < frame:
             raise r.fail(
                 f"buffers.{name}",
-                f"{units.format_size(real)} at scale {spec.scale} is {spec.emulated_size(real)} bytes, "
-                f"less than one {frame}-byte frame",
+                f"{units.format_size(real)} at scale {spec.scale:g} and dilation {tm.dilation:g} is {emulated} "
+                f"bytes, less than one {frame}-byte frame",
             )
+        if emulated > MAX_EMULATED_BUFFER:
+            raise r.fail(
+                f"buffers.{name}",
+                f"{units.format_size(real)} at scale {spec.scale:g} and dilation {tm.dilation:g} is "
+                f"{units.format_size(emulated)}, more than a queue's 32-bit byte limit holds "
+                f"({units.format_size(MAX_EMULATED_BUFFER)}); lower the dilation or the buffer",
+            )
+    for p in spec.wan_paths:
+        if spec.emulated_time(p.delay_s) > MAX_NETEM_DELAY_S:
+            raise r.fail("dilation", f"long-haul path {p.index}'s {units.format_duration(p.delay_s)} at dilation "
+                                     f"{tm.dilation:g} is {units.format_duration(spec.emulated_time(p.delay_s))} of "
+                                     f"wall time, more than netem holds ({MAX_NETEM_DELAY_S:g} s); lower the dilation")
     if spec.pfc.enabled and spec.emulated_size(spec.pfc.xon) < 1:
         raise r.fail("pfc.xon", "scales to 0 bytes")
 

@@ -15,16 +15,18 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import netns, queues
-from .plan import SWITCH_ROLES, Port
+from . import fidelity, netns, queues
+from .plan import SWITCH_ROLES, Port, Shaping
+from .timemodel import TimeModel
 
 if TYPE_CHECKING:
     from .fabric import Fabric
 
 # Share of all CPU time spent in softirq above which packet processing is the bottleneck.
 SOFTIRQ_SATURATED = 0.85
-# Share of CPU time the hypervisor took from this VM above which shapers and senders stall.
-STEAL_LIMIT = 0.10
+# Share of CPU time the hypervisor took from this VM above which shapers and senders stall (a
+# 2-core machine losing 3% loses a core for tens of milliseconds at a time: seen to stall shapers).
+STEAL_LIMIT = 0.03
 # Share of the time some runnable task waited for a CPU (PSI) above which senders were likely
 # held back while their links sat idle.
 CPU_PRESSURE_LIMIT = 0.5
@@ -98,10 +100,21 @@ class Snapshot:
     total: int
     drops: dict[str, int] = field(default_factory=dict)  # "what where" -> count
     cpu_wait_us: int | None = None  # PSI "some" total for the CPU
+    # Switch port -> (its egress rate in emulated bit/s, the datapath's dequeue pacing counters).
+    pacing: dict[str, tuple[int, dict]] = field(default_factory=dict)
 
 
-def assess(prev: Snapshot, now: Snapshot, scale: float) -> dict:
-    """What went beyond the model between two snapshots: {"trustworthy", "limits", ...}."""
+def pacing_delta(prev: dict, now: dict) -> dict:
+    """Dequeue pacing counters between two readings."""
+    return {"edges": now["edges"], "counts": [b - a for a, b in zip(prev["counts"], now["counts"])],
+            "busy_gaps": now["busy_gaps"] - prev["busy_gaps"], "busy_ns": now["busy_ns"] - prev["busy_ns"],
+            "busy_bytes": now["busy_bytes"] - prev["busy_bytes"]}
+
+
+def assess(prev: Snapshot, now: Snapshot, tm: TimeModel) -> dict:
+    """What went beyond the model between two snapshots: {"trustworthy", "limits", "pacing", ...}.
+    Every busy switch port's dequeue pacing (Mininet-HiFi's check) joins the machine's limits."""
+    scale = tm.scale
     limits = []
     total = now.total - prev.total
     share = (now.softirq - prev.softirq) / total if total > 0 else 0.0
@@ -124,8 +137,17 @@ def assess(prev: Snapshot, now: Snapshot, scale: float) -> dict:
         delta = count - prev.drops.get(what, 0)
         if delta > 0:
             limits.append(f"{delta} {what}: outside the modelled buffers")
+    pacing = []
+    for port, (rate, counters) in now.pacing.items():
+        if port not in prev.pacing:
+            continue
+        finding = fidelity.dequeue_pacing(port, tm, pacing_delta(prev.pacing[port][1], counters), rate, seconds)
+        if finding is not None:
+            pacing.append(finding.as_dict())
+            if not finding.ok:
+                limits.append(finding.message)
     return {"trustworthy": not limits, "limits": limits, "softirq_share": share, "steal_share": steal,
-            "interval_s": seconds}
+            "interval_s": seconds, "pacing": pacing}
 
 
 class FidelityGuard:
@@ -152,10 +174,22 @@ class FidelityGuard:
                     queues.counters(node.ipr, port.ifindex)["drops"]
         for n in plan.by_role("host"):
             drops[f"receive socket overflows on {n.name}"] = _udp_rcvbuf_errors(plan.netns(n.name))
-        return Snapshot(time.monotonic(), softirq, steal, total, drops, _cpu_pressure_us())
+        pacing = {}
+        if f.datapath is not None:
+            for port in plan.ports():
+                if plan.node(port.node).role in SWITCH_ROLES and isinstance(port.egress, Shaping):
+                    pacing[f"{port.node}:{port.ifname}"] = (port.egress.rate_bps, f.datapath.pacing(port.ifindex))
+        return Snapshot(time.monotonic(), softirq, steal, total, drops, _cpu_pressure_us(), pacing)
 
     def check(self) -> dict:
         """Findings since the previous check."""
         now = self._snapshot()
         prev, self.last = self.last, now
-        return assess(prev, now, self.fabric.plan.spec.scale)
+        return assess(prev, now, self.fabric.plan.spec.time)
+
+    def mark(self) -> Snapshot:
+        """A snapshot to assess a run against later (``since``), apart from ``check``'s."""
+        return self._snapshot()
+
+    def since(self, mark: Snapshot) -> dict:
+        return assess(mark, self._snapshot(), self.fabric.plan.spec.time)

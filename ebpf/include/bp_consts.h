@@ -27,7 +27,9 @@
 #define BP_HASH_EV 3         /* src, dst, UDP source port as an entropy value */
 
 /* bp_port.flags */
-#define BP_PORT_SWITCH 1 /* a router port: forward RoCEv2 in eBPF, account its egress queue */
+#define BP_PORT_SWITCH 1   /* a router port: forward RoCEv2 in eBPF, account its egress queue */
+#define BP_PORT_PEER_TBF 2 /* the peer's shaper is TBF: it charges a frame before sending it
+			    * (HTB charges after), which decides the frame a busy gap paid for */
 
 /* IPv4 ECN codepoints (RFC 3168). */
 #define BP_ECN_MASK 3
@@ -35,5 +37,28 @@
 
 /* WRED's marking probability is a fraction of this. */
 #define BP_PROB_ONE 65536
+
+/*
+ * Dequeue pacing (Mininet-HiFi's fidelity check): busy gaps binned by gap / ideal gap, edges in
+ * 1/BP_PACING_ONE. Bin i holds ratios in [edge i-1, edge i); bin 0 below the first edge, the last
+ * bin from the last one on. Bin 4, 0.9 to 1.1, is a shaper on time.
+ */
+#define BP_PACING_ONE 100     /* a ratio of 1: edges to the percent in integers */
+#define BP_PACING_EDGE_0 25   /* bin 0, under 0.25: frames bunched (a timer or poll catching up) */
+#define BP_PACING_EDGE_1 50   /* bin 1, to 0.5: two or more frames per frame time */
+#define BP_PACING_EDGE_2 75   /* bin 2, to 0.75: early, paying back a late gap with saved tokens */
+#define BP_PACING_EDGE_3 90   /* bin 3, to 0.9: a little early */
+#define BP_PACING_EDGE_4 110  /* bin 4, 0.9 to 1.1: on time, give or take timer slack */
+#define BP_PACING_EDGE_5 125  /* bin 5, to 1.25: a little late */
+#define BP_PACING_EDGE_6 150  /* bin 6, to 1.5: late */
+#define BP_PACING_EDGE_7 200  /* bin 7, to 2: that gap ran the link at 1/2 to 2/3 of its rate */
+#define BP_PACING_EDGE_8 400  /* bin 8, to 4: under half its rate; bin 9, from 4 on: a stall */
+#define BP_PACING_BINS 10     /* one more than the edges */
+/* ns per second / BP_PACING_ONE: gap * rate >= edge * len * this <=> gap / (len / rate) >= edge */
+#define BP_PACING_NS_PER_ONE 10000000
+/* Busy gaps are clipped to this many ns (4.3 s) so gap * rate (u32 bytes/s) fits a u64. Every
+ * rate a spec allows (>= 125 KB/s) sends even a 64 KB frame in well under a quarter of it, so
+ * a clipped gap still lands in the last bin. */
+#define BP_PACING_GAP_MAX 0xffffffff
 
 #endif /* BP_CONSTS_H */

@@ -21,6 +21,9 @@ BPF_LPM_TRIE(bp_routes, struct bp_route_key, struct bp_route, BP_MAX_ROUTES);
 /* ifindex * BP_QUEUE_SLOTS + priority (or BP_NUM_PRIO for the port) -> queue accounting.
  * Shared, not per CPU: enqueue and dequeue run on different CPUs and must meet. */
 BPF_ARRAY(bp_queues, struct bp_queue, BP_MAX_IFINDEX * BP_QUEUE_SLOTS);
+/* Egress ifindex -> dequeue pacing. Shared, not per CPU: consecutive dequeues of one queue meet
+ * here whatever CPU polls them (plain updates: one NAPI context serialises a veth's frames). */
+BPF_ARRAY(bp_pacing, struct bp_pacing, BP_MAX_IFINDEX);
 /* ifindex -> counters, per CPU so the hot path never contends. */
 BPF_PERCPU_ARRAY(bp_counters, struct bp_counters, BP_MAX_IFINDEX);
 

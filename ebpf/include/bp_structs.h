@@ -18,6 +18,9 @@ struct bp_port {
 	__u8 dmac[6];     /* the MAC of the next router or host behind this port */
 	__u32 loss;       /* drop each packet with probability loss / 2^32: a long-haul path's loss
 			   * when no netem delay line is there to apply it (0: never) */
+	__u32 peer_rate;  /* bytes/s the peer_queue is shaped to, 0: do not time its dequeues. Here,
+			   * not in the peer's entry: the port that sees the dequeues has this entry
+			   * in hand, so pacing costs no lookup; u32 as HTB and TBF carry it */
 };
 
 /* Fabric-wide settings. */
@@ -62,6 +65,21 @@ struct bp_queue {
 	__u64 enq_pkts;
 	__u64 deq_pkts;
 	__u64 max_depth; /* bytes, including the packet that found it */
+};
+
+/*
+ * Dequeue pacing of one egress queue (Mininet-HiFi's fidelity check), as its peer sees frames
+ * leave. A busy gap follows a dequeue that left bytes behind it: the shaper owed the next frame
+ * at once, so the gap should be the charged frame's time at the port's rate. User space reads
+ * two snapshots and takes differences; busy_bytes / busy_ns is the rate achieved while busy.
+ */
+struct bp_pacing {
+	__u64 last_ns;              /* bpf_ktime_get_ns() of the last dequeue */
+	__u32 last_len;             /* bytes of that frame: what HTB charged the gap after it */
+	__u32 backlogged;           /* 1: that frame left bytes waiting, the next gap is busy */
+	__u64 busy_ns;              /* sum of busy gaps (each clipped to BP_PACING_GAP_MAX) */
+	__u64 busy_bytes;           /* sum of the bytes the shaper charged to those gaps */
+	__u64 bins[BP_PACING_BINS]; /* busy gaps by gap / (charged bytes / rate), BP_PACING_EDGE_* */
 };
 
 /* Per-port, per-CPU counters: one named slot per event. */

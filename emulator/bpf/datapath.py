@@ -215,6 +215,18 @@ class Datapath:
         out["depth"] = max(0, q.enq_bytes - q.deq_bytes)
         return out
 
+    def pacing(self, ifindex: int) -> dict:
+        """How the port's egress queue released frames while it was backlogged (Mininet-HiFi's
+        fidelity check), counted since the maps were made: callers take the difference of two
+        readings. ``counts[i]`` are the busy gaps whose gap / (charged bytes / rate) fell in
+        [edges[i-1], edges[i]) (the first bin from 0, the last to infinity); busy_bytes / busy_ns
+        is the rate the link achieved while backlogged (busy_ns: each gap clipped at 4.3 s).
+        All zero on a port whose peer does not monitor it (no shaped switch egress)."""
+        p = self.bpf["bp_pacing"][ct.c_int(ifindex)]
+        counts = list(p.bins)
+        return {"edges": [e / S.PACING_ONE for e in S.PACING_EDGES], "counts": counts,
+                "busy_gaps": sum(counts), "busy_ns": p.busy_ns, "busy_bytes": p.busy_bytes}
+
 
 def ip_be(address: str) -> int:
     """An IPv4 address as the u32 the kernel holds in network order, read on this host."""

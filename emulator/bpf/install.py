@@ -29,8 +29,12 @@ def port_entry(plan: FabricPlan, port: Port, loss_in_ebpf: bool = False) -> S.Po
     # The queue that drains into this port is the peer's egress, if the peer is a switch port.
     peer_queue = peer.ifindex if plan.node(peer.node).role in SWITCH_ROLES else 0
     buffer = port.egress.buffer_bytes if switch and isinstance(port.egress, Shaping) else 0
-    return S.Port(node.uid, S.PORT_SWITCH if switch else 0, peer_queue, buffer, S.mac_bytes(port.mac),
-                  S.mac_bytes(plan.next_hop(port).mac), min(0xFFFFFFFF, round(loss * 2**32)))
+    # That queue's rate, so this port times its dequeues against it (0: not shaped, not timed).
+    shaped = peer.egress if peer_queue and isinstance(peer.egress, Shaping) else None
+    flags = (S.PORT_SWITCH if switch else 0) | (S.PORT_PEER_TBF if shaped and shaped.shaper == "tbf" else 0)
+    return S.Port(node.uid, flags, peer_queue, buffer, S.mac_bytes(port.mac),
+                  S.mac_bytes(plan.next_hop(port).mac), min(0xFFFFFFFF, round(loss * 2**32)),
+                  shaped.rate_bps // 8 if shaped else 0)
 
 
 def config(datapath: Datapath, spec: FabricSpec, hash_mode: str | None = None) -> None:

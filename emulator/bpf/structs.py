@@ -19,6 +19,14 @@ PROB_ONE = 65536
 HASH_MODES = {"five-tuple": 0, "qpn": 1, "qpn-psn": 2, "ev": 3}
 
 PORT_SWITCH = 1
+PORT_PEER_TBF = 2
+
+# Dequeue pacing: busy gap / ideal gap, binned at these edges (in 1/PACING_ONE).
+PACING_ONE = 100
+PACING_EDGES = (25, 50, 75, 90, 110, 125, 150, 200, 400)
+PACING_BINS = len(PACING_EDGES) + 1
+PACING_NS_PER_ONE = 10_000_000
+PACING_GAP_MAX = 0xFFFFFFFF
 
 ECN_MASK = 3
 ECN_CE = 3
@@ -33,6 +41,7 @@ class Port(ct.Structure):
         ("smac", ct.c_uint8 * 6),
         ("dmac", ct.c_uint8 * 6),
         ("loss", ct.c_uint32),
+        ("peer_rate", ct.c_uint32),
     ]
 
 
@@ -72,6 +81,17 @@ class Queue(ct.Structure):
     ]
 
 
+class Pacing(ct.Structure):
+    _fields_ = [
+        ("last_ns", ct.c_uint64),
+        ("last_len", ct.c_uint32),
+        ("backlogged", ct.c_uint32),
+        ("busy_ns", ct.c_uint64),
+        ("busy_bytes", ct.c_uint64),
+        ("bins", ct.c_uint64 * PACING_BINS),
+    ]
+
+
 class Counters(ct.Structure):
     _fields_ = [(name, ct.c_uint64) for name in (
         "rx_pkts", "rx_bytes", "roce_pkts", "kernel_pkts", "no_route", "ttl_expired", "fragments",
@@ -91,6 +111,7 @@ MIRRORS = {
     "bp_route_key": (RouteKey, "bp_routes", "key"),
     "bp_route": (Route, "bp_routes", "leaf"),
     "bp_queue": (Queue, "bp_queues", "leaf"),
+    "bp_pacing": (Pacing, "bp_pacing", "leaf"),
     "bp_counters": (Counters, "bp_counters", "leaf"),
 }
 

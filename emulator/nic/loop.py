@@ -10,6 +10,13 @@ switches hash), sending ECT(0) with DF. A token bucket at the host link's rate s
 the NIC's serialiser, so the host's small egress queue is never overrun; ``QueuePair.pace`` is
 the per-QP hook DCQCN drives.
 
+Time: the loop's protocol clock is virtual, wall time / ``dilation`` (emulator/timemodel.py), so
+RTOs, RTT samples, DCQCN's timers and CNP spacing, and pacing all run in the real fabric's
+units, and the loop's own millisecond of lag counts as d times less against them. Rates are
+emulated bytes per virtual second (the real rate x scale x dilation) and bytes are emulated
+bytes (real x scale x dilation): at d = 1/scale both are the real fabric's. What the loop
+itself needs in wall time (how long a turn sends, how long it may sleep) stays in wall time.
+
 No asyncio: a select() per idle period and plain non-blocking reads in batches (asyncio costs
 about 8x per datagram here); payloads go out by scatter-gather sendmsg straight from the
 registered buffer, with no copy in Python. No UDP GSO either: Linux refuses a UDP_SEGMENT send
@@ -19,11 +26,12 @@ QP's packets back to back between reads.
 """
 from __future__ import annotations
 
+import heapq
 import select
 import socket
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from . import dcqcn, wire
 from .memory import ProtectionDomain
@@ -52,6 +60,23 @@ _ICRC = struct.Struct("<I")
 _CMSG = 2 * socket.CMSG_SPACE(4) + socket.CMSG_SPACE(_TIMESPEC.size)
 
 
+@dataclass(frozen=True)
+class QpState:
+    """One QP's state for telemetry, in emulated units (wall seconds, emulated bytes and bit/s)."""
+
+    allowed_bits: float  # what DCQCN's rate allowed since the start (its integral): mean rates
+    rc_bps: float  # DCQCN's current rate (the line's without DCQCN)
+    target_bps: float  # DCQCN's target rate
+    alpha: float  # 0 without DCQCN
+    cnps_received: int
+    cnps_sent: int
+    ce_received: int  # CE-marked data packets it received
+    tx_bytes: int  # bytes it put on the host link
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
 @dataclass
 class NicCounters:
     rx_packets: int = 0
@@ -65,28 +90,48 @@ class NicCounters:
 
 
 class SoftNic:
+    """``line_rate_bps`` and the DCQCN profile ``cc`` are in the loop's units (emulated bytes per
+    virtual second: the real rate x scale x dilation; see the module's docstring); ``clock``
+    is the virtual clock (default: CLOCK_MONOTONIC / ``dilation``)."""
+
     def __init__(self, ip: str, line_rate_bps: float = 0.0, burst_bytes: int = 64 << 10,
-                 clock=time.monotonic, cc: dcqcn.Profile | None = None) -> None:
+                 clock=None, cc: dcqcn.Profile | None = None, dilation: float = 1.0,
+                 pace_burst: int = 2 * (4096 + 100), pace_burst_s: float = 0.0) -> None:
         self.ip = ip
         # DCQCN: with a profile (already scaled), each QP gets a reaction point and pacer for
         # what it sends and a notification point for what it receives.
         self.cc = cc if cc is not None and cc.enabled else None
         self._np: dict[int, dcqcn.NotificationPoint] = {}
         self.pd = ProtectionDomain()
-        self.clock = clock
+        self.dilation = dilation
+        self.wall = time.monotonic
+        self.clock = clock or (lambda: time.monotonic() / dilation)
+        self._pace_burst = pace_burst
+        self._pace_burst_s = pace_burst_s  # virtual seconds of a QP's rate its pacer may save up
+        _tight_timers()
+        # CNPs waiting out the NP's processing delay, and CNPs waiting out the RP's reaction
+        # delay (profile fields, virtual seconds): (due, seq, qpn, packet, kernel arrival).
+        self._cnp_out: list[tuple] = []
+        self._cnp_in: list[tuple] = []
+        self._seq = 0
         self.counters = NicCounters()
         self.qps: dict[int, QueuePair] = {}
         self._peer: dict[int, tuple[str, socket.socket, int]] = {}  # qpn -> (peer ip, socket, sport)
         self._rate = line_rate_bps / 8  # bytes per second; 0: unpaced
         self._burst = burst_bytes
         self._tokens = float(burst_bytes)
-        self._refilled = clock()
+        self._refilled = self.clock()
         self._crc_cache: dict[tuple, int] = {}
         self._rr = 0
         self.tx_bytes: dict[int, int] = {}  # qpn -> bytes this QP put on the host link
         self.ce_data: dict[int, int] = {}  # qpn -> CE-marked data packets it received
-        self.cnp_delays: list[float] = []  # s from a marked packet's arrival to its CNP's send
-        self.cnp_reactions: list[float] = []  # s from a CNP's arrival to the rate cut it caused
+        self.cnp_delays: list[float] = []  # wall s from a marked packet's arrival to its CNP's send
+        self.cnp_reactions: list[float] = []  # wall s from a CNP's arrival to the rate cut it caused
+        # How late the loop was against the protocol (wall s): a CNP's send after the time the NP
+        # and the configured delay set for it; a cut after its CNP's arrival and reaction delay.
+        # Only these are the emulator's own: the rest of the feedback delay is modelled.
+        self.cnp_late: list[float] = []
+        self.reaction_late: list[float] = []
         self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE if _root() else socket.SO_RCVBUF, RCVBUF)
         self.rx.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
@@ -121,7 +166,7 @@ class SoftNic:
         self.ce_data[qpn] = 0
         if self.cc is not None:
             qp.rp = dcqcn.ReactionPoint(self.cc, self._rate * 8 or 1e12, self.clock())
-            qp.pace = dcqcn.RatePacer(qp.rp, 2 * (4096 + 100))
+            qp.pace = dcqcn.RatePacer(qp.rp, self._pace_burst, burst_s=self._pace_burst_s)
             self._np[qpn] = dcqcn.NotificationPoint(self.cc)
         return qp
 
@@ -150,8 +195,9 @@ class SoftNic:
         self.tx_bytes[qpn] += n
         return n
 
-    def _send_cnp(self, qp) -> None:
-        """A congestion notification to the QP's peer: BECN set, non-ECT, DSCP 48."""
+    def _send_cnp(self, qp, arrived: float | None, due: float, now: float) -> None:
+        """A congestion notification to the QP's peer: BECN set, non-ECT, DSCP 48. ``arrived``:
+        the wall (CLOCK_REALTIME) arrival of the marked packet that earned it."""
         peer, sock, sport = self._peer[qp.qpn]
         body = wire.build(wire.Bth(wire.CNP, qp.dqpn, 0, becn=True))
         tos = struct.pack("=i", DSCP_CNP << 2)
@@ -159,11 +205,17 @@ class SoftNic:
                      (peer, wire.ROCE_PORT))
         qp.stats.cnps_sent += 1
         self.counters.tx_packets += 1
+        if arrived is not None:  # how late the answer left: the receiver's share of the feedback delay
+            self.cnp_delays.append(time.time() - arrived)
+        self.cnp_late.append(max(0.0, now - due) * self.dilation)
 
     def _receive(self, now: float) -> int:
         n_got = 0
         view = self._rxview
         c = self.counters
+        # Kernel arrival times are CLOCK_REALTIME: put them on the virtual clock through one
+        # reading of both clocks per batch.
+        self._rt_now, self._v_now = time.time(), now
         for _ in range(RX_BATCH):
             try:
                 n, anc, _, addr = self.rx.recvmsg_into([self._rxbuf], _CMSG)
@@ -178,6 +230,33 @@ class SoftNic:
             except Exception:  # a bug must cost one packet, never the NIC: counted, and tests assert none
                 c.drop("internal_error")
         return n_got
+
+    def _virtual(self, arrived: float | None, now: float) -> float:
+        """A kernel arrival time (CLOCK_REALTIME) on the virtual clock; ``now`` without one."""
+        if arrived is None:
+            return now
+        return self._v_now - (self._rt_now - arrived) / self.dilation
+
+    def _schedule(self, heap: list, due: float, qpn: int, pkt, arrived: float | None) -> None:
+        self._seq += 1
+        heapq.heappush(heap, (due, self._seq, qpn, pkt, arrived))
+
+    def _due_cnps(self) -> None:
+        """Send the CNPs whose processing delay is over; apply the CNPs whose reaction delay is."""
+        now = self.clock()  # the sends and cuts happen now, whatever the turn began with
+        while self._cnp_out and self._cnp_out[0][0] <= now:
+            due, _, qpn, _, arrived = heapq.heappop(self._cnp_out)
+            self._send_cnp(self.qps[qpn], arrived, due, now)
+        while self._cnp_in and self._cnp_in[0][0] <= now:
+            due, _, qpn, pkt, arrived = heapq.heappop(self._cnp_in)
+            self._react(self.qps[qpn], pkt, now, arrived, due)
+
+    def _react(self, qp, pkt, now: float, arrived: float | None, due: float) -> None:
+        qp.receive(pkt, now)
+        if qp.rp is not None:  # the sender's share of the feedback delay
+            if arrived is not None:
+                self.cnp_reactions.append(time.time() - arrived)
+            self.reaction_late.append(max(0.0, now - due) * self.dilation)
 
     def _input(self, data: memoryview, addr: tuple, anc: list, now: float) -> None:
         ce = False
@@ -204,15 +283,25 @@ class SoftNic:
             raise wire.Malformed("unknown_qp", hex(pkt.bth.dqpn))
         if src != self._peer[qp.qpn][0] or not qp.connected:
             raise wire.Malformed("wrong_source", src)  # RC: only the connected peer may talk to a QP
-        qp.receive(pkt, now)
-        if pkt.bth.opcode == wire.CNP and arrived is not None:  # the sender's share of the feedback delay
-            self.cnp_reactions.append(time.time() - arrived)
+        if pkt.bth.opcode == wire.CNP:
+            # The NIC reacts reaction_delay (virtual) after the CNP arrived, or as soon as the
+            # loop gets to it if that is later.
+            due = self._virtual(arrived, now) + (self.cc.reaction_delay_s if self.cc else 0.0)
+            if due <= now:
+                self._react(qp, pkt, now, arrived, due)
+            else:
+                self._schedule(self._cnp_in, due, qp.qpn, pkt, arrived)
+        else:
+            qp.receive(pkt, now)
         if ce and pkt.bth.opcode <= wire.WRITE_ONLY_IMM:
             self.ce_data[qp.qpn] += 1
-            if qp.qpn in self._np and self._np[qp.qpn].on_ce(now if arrived is None else arrived):
-                self._send_cnp(qp)
-                if arrived is not None:  # how late the answer left: the loop's share of the feedback delay
-                    self.cnp_delays.append(time.time() - arrived)
+            due = self._np[qp.qpn].on_ce(self._virtual(arrived, now)) if qp.qpn in self._np else None
+            if due is not None:  # now, or when the NP's interval lets a deferred one go
+                due += self.cc.cnp_delay_s
+                if due <= now:
+                    self._send_cnp(qp, arrived, due, now)
+                else:
+                    self._schedule(self._cnp_out, due, qp.qpn, None, arrived)
         if qp.outbox:  # answer at once: an ACK held back behind a batch looks like loss to the peer
             for parts in qp.outbox:
                 self._tokens -= self._send(qp.qpn, parts)
@@ -228,6 +317,7 @@ class SoftNic:
         those can happen (at most ``max_wait``)."""
         now = self.clock()
         got = self._receive(now)
+        self._due_cnps()
         self._refill(now)
         sent = 0
         for qpn, qp in self.qps.items():
@@ -242,7 +332,7 @@ class SoftNic:
             self._rr = (self._rr + 1) % len(order)
             order = order[self._rr:] + order[:self._rr]
         more = True
-        turn_end = self.clock() + TX_TURN_S  # from when sending starts: reading took its own time
+        turn_end = self.wall() + TX_TURN_S  # from when sending starts: reading took its own time
         while more and (not self._rate or self._tokens > 0):
             more = False
             for qpn, qp in order:
@@ -254,7 +344,7 @@ class SoftNic:
                     self._tokens -= self._send(qpn, parts)
                 sent += len(pkts)
                 more |= len(pkts) == budget
-                if pkts and self.clock() >= turn_end:
+                if pkts and self.wall() >= turn_end:
                     more = False  # read what came in meanwhile; the next turn goes on sending
                     break
             now = self.clock()
@@ -263,49 +353,54 @@ class SoftNic:
         for qp in self.qps.values():
             if qp.deadline is not None and qp.deadline <= now:
                 qp.on_timer(now)
+        self._due_cnps()
         if got or sent:
             return
-        # Idle: sleep until a packet comes, the line has tokens again, or a timer is due.
-        wait = max_wait
+        # Idle: sleep until a packet comes, the line has tokens again, a timer or a delayed CNP
+        # is due (virtual seconds, slept as wall seconds), at most max_wait of wall time.
+        wait = max_wait / self.dilation
+        for heap in (self._cnp_out, self._cnp_in):
+            if heap:
+                wait = min(wait, heap[0][0] - now)
         for qp in self.qps.values():
             if qp.deadline is not None:
                 wait = min(wait, qp.deadline - now)
             if self._rate and self._tokens <= 0 and qp.nxt < qp.end:
                 wait = min(wait, -self._tokens / self._rate)
             if isinstance(qp.pace, dcqcn.RatePacer) and qp.nxt < qp.end:
-                paced = qp.pace.wait(now)
-                if paced > 0:
-                    wait = min(wait, paced)
+                # 0 when the pacer has let tokens build since the turn tried it: turn again now,
+                # never sleep the whole max_wait while a packet may go.
+                wait = min(wait, qp.pace.wait(now))
         if wait > 0:
-            select.select([self.rx], [], [], wait)
+            select.select([self.rx], [], [], wait * self.dilation)
 
     def run(self, done, timeout: float, max_wait: float = 0.05) -> bool:
-        """Turn until ``done()``; False if ``timeout`` seconds passed first. ``done`` is asked
-        at least every ``max_wait`` seconds."""
-        end = self.clock() + timeout
+        """Turn until ``done()``; False if ``timeout`` wall seconds passed first. ``done`` is
+        asked at least every ``max_wait`` wall seconds."""
+        end = self.wall() + timeout
         while not done():
-            if self.clock() > end:
+            if self.wall() > end:
                 return False
             self.step(max_wait)
         return True
 
-    def qp_state(self, qpn: int) -> tuple[float, float, float, float, int, int, int, int]:
-        """(bits the rate allowed since the start, rate, target rate, alpha, CNPs received,
-        CNPs sent, CE-marked packets received, bytes sent) of one QP now; without DCQCN the
-        rate is the line's and alpha 0."""
+    def qp_state(self, qpn: int) -> QpState:
+        """One QP now, in emulated units (wall time): without DCQCN the rate is the line's."""
         qp = self.qps[qpn]
         rp = qp.rp
         now = self.clock()
         line = self._rate * 8
         allowed = rp.allowed_bits(now) if rp else line * now
-        return (allowed, rp.rc if rp else line, rp.rt if rp else line, rp.alpha if rp else 0.0,
-                qp.stats.cnps_received, qp.stats.cnps_sent, self.ce_data[qpn], self.tx_bytes[qpn])
+        d = self.dilation  # the loop's rates are per virtual second: per wall second is / d
+        return QpState(allowed, (rp.rc if rp else line) / d, (rp.rt if rp else line) / d, rp.alpha if rp else 0.0,
+                       qp.stats.cnps_received, qp.stats.cnps_sent, self.ce_data[qpn], self.tx_bytes[qpn])
 
     def stats(self) -> dict:
         return {"rx_packets": self.counters.rx_packets, "tx_packets": self.counters.tx_packets,
                 "rx_ce": self.counters.rx_ce, "socket_overflow": self.counters.socket_overflow,
                 "dropped": dict(self.counters.dropped), "cnp_delay_s": _summary(self.cnp_delays),
-                "cnp_reaction_s": _summary(self.cnp_reactions)}
+                "cnp_reaction_s": _summary(self.cnp_reactions), "cnp_late_s": _summary(self.cnp_late),
+                "reaction_late_s": _summary(self.reaction_late)}
 
 
 def _summary(xs: list[float]) -> dict | None:
@@ -313,6 +408,21 @@ def _summary(xs: list[float]) -> dict | None:
         return None
     s = sorted(xs)
     return {"count": len(s), "p50": s[len(s) // 2], "p90": s[int(len(s) * 0.9)], "max": s[-1]}
+
+
+PR_SET_TIMERSLACK = 29
+TIMER_SLACK_NS = 1000
+
+
+def _tight_timers() -> None:
+    """This process's timer slack to 1 us (Linux adds up to 50 us to every sleep by default): a
+    paced QP wakes when its next packet is due, not up to 50 us later. Per process, nothing global."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the default slack only makes pacing coarser
 
 
 def _root() -> bool:

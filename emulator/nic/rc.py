@@ -373,8 +373,11 @@ class QueuePair:
             return
         if not entry[2]:
             self._rtt_sample(now - entry[1])
-        # RACK: whatever was sent well before the packet that got through is lost.
-        limit = entry[0] - self.cfg.reorder_window
+        self._rack(entry[0])
+
+    def _rack(self, delivered_txc: int) -> None:
+        """RACK: whatever was sent well before a transmission that got through is lost."""
+        limit = delivered_txc - self.cfg.reorder_window
         out = self._out
         while out:
             s, e = next(iter(out.items()))
@@ -400,10 +403,18 @@ class QueuePair:
         entry = self._out.get(new_una - 1)
         if entry is not None and not entry[2]:  # Karn: never time a retransmission
             self._rtt_sample(now - entry[1])
+        latest = -1  # the latest transmission this ACK covers
         for s in range(self.una, new_una):
-            self._out.pop(s, None)
+            e = self._out.pop(s, None)
+            if e is not None and e[0] > latest:
+                latest = e[0]
             self._lost_set.discard(s)
         self.una = new_una
+        if self.cfg.mode == "selective" and latest >= 0:
+            # RACK: a retransmitted hole whose ACK drained the held packets behind it proves
+            # the holes still outstanding from before it lost; without this, each of several
+            # tail holes would cost a timeout of its own.
+            self._rack(latest)
         self.nxt = max(self.nxt, new_una)
         self._retries = 0
         self._rnr_retries = 0

@@ -32,16 +32,43 @@ from .rc import MODES, SUCCESS, QpConfig
 MTU_PAYLOAD = 4096
 CHUNK = 1 << 20  # bytes per RDMA WRITE work request
 PKT_WIRE = MTU_PAYLOAD + 12 + 16 + 4 + 42  # a full data packet on the host link
+# Wall seconds within which a busy Python loop gets round to sending again: its serialiser and
+# each QP's DCQCN pacer may run this far ahead of their rates (the host's shaper spreads it at
+# line rate), or a loop that slept would never make up the rate it was owed.
+NIC_SLACK_S = 2e-3
+# A QP's DCQCN pacer, unlike the line's serialiser, keeps little in reserve: two frames, or this
+# much wall time of its current rate (a loop that woke late may make up that much at once).
+PACE_BURST = 2 * (MTU_PAYLOAD + 100)
+PACE_SLACK_S = 0.2e-3
+# Wall seconds below which a timeout is a busy host's scheduling, not loss; and the first
+# timeout (before any RTT sample) and the longest one, also wall: each is / dilation on the
+# NIC's virtual clock, so at d = 1000 the floor is 10 us of the real fabric's time.
+RTO_FLOOR_WALL_S = 0.010
+RTO_INITIAL_WALL_S = 0.05
+RTO_MAX_WALL_S = 2.0
 
 
-def _config(mode: str, rate_bps: float, rtt_s: float, qps: int = 1) -> QpConfig:
+def _config(mode: str, rate_bps: float, rtt_s: float, qps: int = 1, dilation: float = 1.0,
+            window: str = "bdp") -> QpConfig:
     """In flight: one BDP (measured RTT x line rate, plus half again and 16 packets of slack for
     coalesced ACKs) for the NIC's QPs together, since they share the host's link; IRN caps each
     flow at a BDP, but QPs that each kept one would only queue in front of a slow receiver. The
-    first timeout waits a few RTTs, until the RTT is sampled."""
+    first timeout waits a few RTTs, until the RTT is sampled. ``rate_bps`` and ``rtt_s`` are
+    wall figures (the BDP in bytes is the same on either clock); the timeouts are virtual."""
     bdp = math.ceil(rate_bps / 8 * max(rtt_s, 1e-4) / PKT_WIRE) if rate_bps else 1024
-    return QpConfig(mode=mode, max_inflight=max(32, int(bdp * 1.5 / max(1, qps)) + 16),
-                    rx_window=max(8192, 4 * bdp), rto_initial=max(0.05, 4 * rtt_s))
+    d = dilation
+    rx_window = max(8192, 4 * bdp)
+    # window "none": in flight up to what the responder accepts, as a NIC without BDP-FC sends.
+    inflight = rx_window if window == "none" else max(32, int(bdp * 1.5 / max(1, qps)) + 16)
+    return QpConfig(mode=mode, max_inflight=inflight, rx_window=rx_window,
+                    rto_initial=max(RTO_INITIAL_WALL_S, 4 * rtt_s) / d, rto_min=RTO_FLOOR_WALL_S / d,
+                    rto_max=RTO_MAX_WALL_S / d)
+
+
+def nic_burst(rate_bps: float, host_queue_bytes: int) -> int:
+    """Bytes the NIC's serialiser and pacers may run ahead of their rates (``rate_bps`` the
+    host link's emulated rate): NIC_SLACK_S of the line, within what the host's queue holds."""
+    return int(max(2 * PKT_WIRE, min(host_queue_bytes - PKT_WIRE, rate_bps / 8 * NIC_SLACK_S)))
 
 
 def _shares(size: int, qps: int) -> list[tuple[int, int]]:
@@ -76,19 +103,22 @@ def _read() -> dict:
     return json.loads(line)
 
 
-def _qp_figures(qp) -> dict:
+def _qp_figures(qp, dilation: float) -> dict:
+    """A QP's counters; its RTT and RTO (virtual seconds) as wall seconds, like every time the
+    workers report."""
     st = qp.stats
     return {"qpn": qp.qpn, "data_packets": st.data_packets, "retransmits": st.retransmits, "timeouts": st.timeouts,
             "acks_received": st.acks_received, "naks_received": st.naks_received, "delivered": st.delivered,
             "held": st.held, "naks_sent": st.naks_sent, "acks_sent": st.acks_sent,
             "cnps_received": st.cnps_received, "cnps_sent": st.cnps_sent,
-            "srtt_s": qp.srtt, "rto_s": qp.rto, "dropped": dict(st.dropped), "error": qp.error}
+            "srtt_s": qp.srtt * dilation if qp.srtt is not None else None, "rto_s": qp.rto * dilation,
+            "max_inflight": qp.cfg.max_inflight, "dropped": dict(st.dropped), "error": qp.error}
 
 
 class Recorder:
-    """Per-QP time series, sampled every ``period`` seconds on the orchestrator's clock (CLOCK_
-    MONOTONIC is one clock for every namespace): rate and target rate, alpha, CNPs received and
-    sent, CE-marked data received, bytes sent."""
+    """Per-QP time series, sampled every ``period`` wall seconds on the orchestrator's clock
+    (CLOCK_MONOTONIC is one clock for every namespace), in emulated units: rate and target rate,
+    alpha, CNPs received and sent, CE-marked data received, bytes sent."""
 
     # rate_bps: DCQCN's Rc averaged over the interval ending at the sample (cuts and recoveries
     # faster than the period still show); rc_bps: Rc at the sample.
@@ -108,12 +138,13 @@ class Recorder:
         self._next = now + self.period
         self.t.append(round(now - self.t0, 6))
         for q in self.qps:
-            allowed, rc, *rest = self.nic.qp_state(q.qpn)
+            st = self.nic.qp_state(q.qpn)
             t_prev, a_prev = self._last.get(q.qpn, (None, None))
-            mean = (allowed - a_prev) / (now - t_prev) if t_prev is not None and now > t_prev else rc
-            self._last[q.qpn] = (now, allowed)
-            for col, v in zip(self.COLUMNS, (mean, rc, *rest)):
-                self.series[q.qpn][col].append(v)
+            mean = (st.allowed_bits - a_prev) / (now - t_prev) if t_prev is not None and now > t_prev else st.rc_bps
+            self._last[q.qpn] = (now, st.allowed_bits)
+            row = {"rate_bps": mean, **st.as_dict()}
+            for col in self.COLUMNS:
+                self.series[q.qpn][col].append(row[col])
 
     def as_dict(self) -> dict:
         return {"t": self.t, "qps": {str(k): v for k, v in self.series.items()}}
@@ -122,8 +153,10 @@ class Recorder:
 def _open(a: argparse.Namespace, peers: list[str]) -> tuple[SoftNic, list[list]]:
     """The NIC and ``a.qps`` QPs towards each peer."""
     cc = dcqcn.Profile(**json.loads(a.cc)) if a.cc else None
-    nic = SoftNic(a.ip, a.rate, a.burst, cc=cc)
-    cfg = _config(a.mode, a.rate, a.rtt, a.qps * len(peers))
+    # The loop runs on a virtual clock (wall / dilation): its line rate is per virtual second.
+    nic = SoftNic(a.ip, a.rate * a.dilation, a.burst, cc=cc, dilation=a.dilation, pace_burst=PACE_BURST,
+                  pace_burst_s=PACE_SLACK_S / a.dilation)
+    cfg = _config(a.mode, a.rate, a.rtt, a.qps * len(peers), a.dilation, a.window)
     return nic, [[nic.create_qp(p, cfg, initial_psn=random.randrange(1 << 24)) for _ in range(a.qps)] for p in peers]
 
 
@@ -173,7 +206,7 @@ def serve(a: argparse.Namespace) -> int:
         rec.tick()
     _emit({"result": {"complete": ok, "sha256": [hashlib.sha256(mr.buffer).hexdigest() for mr in regions],
                       "nic": nic.stats(), "telemetry": rec.as_dict(),
-                      "qps": [_qp_figures(q) | {"completed_s": done.get(q.qpn)} for q in qps]}})
+                      "qps": [_qp_figures(q, a.dilation) | {"completed_s": done.get(q.qpn)} for q in qps]}})
     return 0
 
 
@@ -215,7 +248,7 @@ def send(a: argparse.Namespace) -> int:
     _emit({"result": {"complete": ok and not failed, "sha256": digest, "seconds": seconds, "bytes": a.size,
                       "started_s": start - (a.t0 or start), "goodput_bps": a.size * 8 / seconds if ok and not failed else 0.0,
                       "failed": failed[:20], "nic": nic.stats(), "telemetry": rec.as_dict(),
-                      "qps": [_qp_figures(q) | {"completed_s": completed.get(q.qpn)} for q in qps]}})
+                      "qps": [_qp_figures(q, a.dilation) | {"completed_s": completed.get(q.qpn)} for q in qps]}})
     return 0
 
 
@@ -243,8 +276,12 @@ class TransferResult:
     receiver: dict = field(repr=False)
     senders: list[dict] = field(default_factory=list, repr=False)
     flows: list[dict] = field(default_factory=list)  # per sender: goodput, time, counters
-    dcqcn: dict | None = None  # the profile the NICs ran, emulated units
+    dcqcn: dict | None = None  # the profile the NICs ran, in their units (rates and bytes x scale*dilation)
     telemetry: dict = field(default_factory=dict, repr=False)  # series; emulator/report.py reads them
+    time_model: dict = field(default_factory=dict)  # scale, dilation: every figure here is emulated
+    # What the topology models, in real units, for judging the run (report.fidelity) and for
+    # modelling it: the in-DC RTT, the host link's rate, the frame, the DCQCN profile.
+    scenario: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -265,6 +302,12 @@ def _path_rtt(plan, src: str, dst: str, tries: int = 4) -> float:
         if i > 0 and r.max_s <= 2 * r.min_s + 0.002:
             break
     return best
+
+
+def _has_netem() -> bool:
+    from .. import capabilities
+
+    return capabilities.has_netem()
 
 
 def _host_port(plan, host: str):
@@ -313,12 +356,16 @@ class PortSampler(threading.Thread):
 
 def run(plan, src: str | list[str], dst: str, size: int, qps: int, transport: str, timeout: float = 300.0,
         chunk: int = CHUNK, seed: int = 1, rate_bps: float | None = None, cc: dcqcn.Profile | None = None,
-        sample_s: float = 0.0, sampler=None) -> TransferResult:
+        sample_s: float = 0.0, sampler=None, on_start=None) -> TransferResult:
     """Move ``size`` bytes from each host in ``src`` to host ``dst`` over ``qps`` QPs each, all
     senders at once, and check every byte. The NICs send at the host link's rate, or at
-    ``rate_bps`` if that is given; ``cc`` is the DCQCN profile they run, in emulated units (None
-    or ``off``: none). With ``sample_s``, the NICs record their QPs' state that often and
-    ``sampler()`` (the controller's port readings) is called that often too."""
+    ``rate_bps`` (emulated) if that is given; ``cc`` is the DCQCN profile they run, in real
+    units (None or ``off``: none), scaled here to the NICs' by the fabric's time model. With
+    ``sample_s`` (wall seconds), the NICs record their QPs' state that often and ``sampler()``
+    (the controller's port readings) is called that often too; ``on_start()`` is called once
+    every NIC is up and connected, just before the data starts (the fabric's fidelity monitor
+    judges from there). Every figure in the result is emulated (wall seconds, emulated bytes
+    and rates); ``time_model`` turns them into real ones."""
     from .. import describe, netns
     from ..errors import MeasurementError
 
@@ -328,18 +375,22 @@ def run(plan, src: str | list[str], dst: str, size: int, qps: int, transport: st
     if len(set(srcs)) != len(srcs) or dst in srcs:
         raise MeasurementError(f"senders must be distinct hosts other than the target: {', '.join(srcs)} -> {dst}")
     ports = [_host_port(plan, h) for h in srcs]
-    _host_port(plan, dst)
+    last_hop = plan.peer(_host_port(plan, dst))
     rate = rate_bps or ports[0].egress.rate_bps
     dst_ip = str(plan.host_address(dst))
     src_ips = [str(p.address.ip) for p in ports]
     rtt = max(_path_rtt(plan, h, dst) for h in srcs)
-    # The NIC's serialiser may run ahead of the line by what the host's egress queue holds.
-    burst = max(2 * PKT_WIRE, ports[0].egress.qdisc_limit - PKT_WIRE)
-    running = cc if cc is not None and cc.enabled else None
+    # The window is one BDP of the real fabric's RTT: where the in-DC latency is not applied
+    # (no netem here), the emulator's own RTT is shorter than the topology's and would starve it.
+    window_rtt = max(rtt, 2 * plan.spec.emulated_time(plan.spec.intra_dc_one_way_s()))
+    burst = nic_burst(rate, ports[0].egress.qdisc_limit)
+    tm = plan.spec.time
+    running = cc.scaled(tm.byte_scale) if cc is not None and cc.enabled else None
     t0 = time.monotonic()
     common = ["--qps", str(qps), "--size", str(size), "--mode", transport, "--rate", str(rate),
-              "--burst", str(burst), "--rtt", str(rtt), "--timeout", str(timeout), "--sample", str(sample_s),
-              "--t0", repr(t0), "--cc", json.dumps(asdict(running)) if running else ""]
+              "--burst", str(burst), "--rtt", str(window_rtt), "--timeout", str(timeout), "--sample", str(sample_s),
+              "--t0", repr(t0), "--cc", json.dumps(asdict(running)) if running else "",
+              "--dilation", repr(tm.dilation), "--window", plan.spec.nic.window]
     py = [sys.executable, "-m", "emulator.nic.transfer"]
     procs = []
 
@@ -367,6 +418,8 @@ def run(plan, src: str | list[str], dst: str, size: int, qps: int, transport: st
                              *common]) for i, (h, ip) in enumerate(zip(srcs, src_ips))]
         if sampling is not None:
             sampling.start()
+        if on_start is not None:
+            on_start()
         server.stdin.write(json.dumps({"flows": [r for _, r in clients]}) + "\n")
         server.stdin.flush()
         for (p, _), flow in zip(clients, s_ready["flows"]):
@@ -401,7 +454,14 @@ def run(plan, src: str | list[str], dst: str, size: int, qps: int, transport: st
         retransmits=sum(f["retransmits"] for f in flows), timeouts=sum(f["timeouts"] for f in flows),
         data_packets=sum(f["data_packets"] for f in flows), cnps=sum(f["cnps_received"] for f in flows),
         sender=sent[0], receiver=got, senders=sent, flows=flows, dcqcn=asdict(running) if running else None,
-        telemetry=telemetry)
+        telemetry=telemetry, time_model=tm.as_dict(),
+        scenario={"intra_dc_rtt_s": 2 * plan.spec.intra_dc_one_way_s(), "host_rate_bps": plan.spec.links.host,
+                  "frame_bytes": plan.spec.mtu + 14, "dcqcn": asdict(cc) if running else None,
+                  "intra_dc_delay_applied": plan.intra_delay_applies(_has_netem()),
+                  # The switch port into the target: the queue an incast shares.
+                  "bottleneck": f"{last_hop.node}:{last_hop.ifname}", "nic_burst_bytes": burst,
+                  "window": plan.spec.nic.window,
+                  "ack_every": QpConfig().ackreq_every})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,7 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=CHUNK)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=300.0)
-    ap.add_argument("--cc", default="", help="DCQCN profile as JSON (already scaled); empty: none")
+    ap.add_argument("--cc", default="", help="DCQCN profile as JSON (already scaled to the NIC's units); empty: none")
+    ap.add_argument("--dilation", type=float, default=1.0, help="wall time per real time: the NIC's clock is wall / this")
+    ap.add_argument("--window", choices=("bdp", "none"), default="bdp", help="in flight: one BDP, or no cap")
     ap.add_argument("--sample", type=float, default=0.0, help="telemetry period, s (0: none)")
     ap.add_argument("--t0", type=float, default=0.0, help="the orchestrator's CLOCK_MONOTONIC origin")
     a = ap.parse_args(argv)

@@ -37,3 +37,24 @@ def test_thresholds_reach_the_map(dp, extra, expected):
     finally:
         c = S.Config(*before)
         dp.bpf["bp_config"][ct.c_int(0)] = c
+
+
+@pytest.mark.parametrize("shaper", ["htb", "tbf"])
+def test_port_entry_carries_the_rate_of_the_queue_it_sees_drain(shaper):
+    """A port times the dequeues of its peer's egress against that egress's emulated rate, in
+    bytes/s; where no shaped switch queue drains into it (a switch's peer is a host) it times
+    nothing."""
+    from emulator import plan
+
+    p = plan.build(spec.parse(BASE + f"shaper: {shaper}\n"), "tpace")
+    timed = 0
+    for port in p.ports():
+        entry = install.port_entry(p, port)
+        peer = p.peer(port)
+        if p.node(peer.node).role in plan.SWITCH_ROLES:
+            assert entry.peer_queue == peer.ifindex and entry.peer_rate == peer.egress.rate_bps // 8 > 0
+            assert bool(entry.flags & S.PORT_PEER_TBF) == (shaper == "tbf")
+            timed += 1
+        else:
+            assert entry.peer_queue == 0 and entry.peer_rate == 0 and not entry.flags & S.PORT_PEER_TBF
+    assert timed > 0

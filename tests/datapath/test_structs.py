@@ -35,5 +35,12 @@ def test_constants_match():
     assert consts["BP_META_MAGIC"] == S.META_MAGIC
     assert consts["BP_PROB_ONE"] == S.PROB_ONE
     assert consts["BP_PORT_SWITCH"] == S.PORT_SWITCH
+    assert consts["BP_PORT_PEER_TBF"] == S.PORT_PEER_TBF
+    assert consts["BP_PACING_ONE"] == S.PACING_ONE
+    assert tuple(consts[f"BP_PACING_EDGE_{i}"] for i in range(len(S.PACING_EDGES))) == S.PACING_EDGES
+    assert f"BP_PACING_EDGE_{len(S.PACING_EDGES)}" not in consts
+    assert consts["BP_PACING_BINS"] == S.PACING_BINS
+    assert consts["BP_PACING_NS_PER_ONE"] * S.PACING_ONE == 10**9 == S.PACING_NS_PER_ONE * S.PACING_ONE
+    assert consts["BP_PACING_GAP_MAX"] == S.PACING_GAP_MAX
     modes = {"five-tuple": "BP_HASH_FIVE_TUPLE", "qpn": "BP_HASH_QPN", "qpn-psn": "BP_HASH_QPN_PSN", "ev": "BP_HASH_EV"}
     assert {m: consts[c] for m, c in modes.items()} == S.HASH_MODES

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from emulator import client, measure, telemetry
 from emulator import clean as clean_mod
-from emulator import measure
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGIES = REPO / "topologies"
@@ -20,17 +20,28 @@ if os.geteuid() != 0:
     pytest.skip("the root tier builds network namespaces: run as root (sudo make test)", allow_module_level=True)
 
 
-QUIET_STEAL = 0.03  # a reading taken while the hypervisor stole less than this is evidence
+def watch(name: str):
+    """The fabric's fidelity monitor over what happens from now: returns a function that gives
+    its verdict since (the controller's guard: steal, softirq, CPU pressure, drops outside the
+    model, every busy port's dequeue pacing)."""
+    mark = client.request(name, {"op": "fidelity"})["mark"]
+    return lambda: client.request(name, {"op": "fidelity", "since": mark})["fidelity"]
+
+
+def stolen(verdict: dict) -> list[str]:
+    """What the monitor says the hypervisor took from a run: the one thing outside the project
+    that may make a load-sensitive bound inconclusive rather than failed."""
+    return [x for x in verdict["limits"] if "hypervisor stole" in x]
 
 
 def wait_for_quiet(budget_s: float, window_s: float = 0.5) -> None:
-    """Return once the hypervisor stole less than QUIET_STEAL of a window (its bursts last tens
-    of seconds), or when the budget is spent; the next reading reports its own steal anyway."""
+    """Return once the hypervisor stole less than the monitor's limit of a window (its bursts
+    last tens of seconds), or when the budget is spent; the next run is judged on its own."""
     deadline = time.monotonic() + budget_s
     while time.monotonic() < deadline:
-        watch = measure.CpuWatch()
+        cpu = measure.CpuWatch()
         time.sleep(window_s)  # the window the steal is measured over
-        if watch.steal() < QUIET_STEAL:
+        if cpu.steal() < telemetry.STEAL_LIMIT:
             return
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emulator import client, measure, netns, plan, spec
+from emulator import client, netns, plan, spec
 from emulator.bpf.structs import DROP_COUNTERS
 
-from .conftest import QUIET_STEAL, REPO, TOPOLOGIES, bp, bp_json, wait_for_quiet
+from .conftest import REPO, TOPOLOGIES, bp, bp_json, stolen, wait_for_quiet, watch
 
 QPS = 16
 FRAME = 4096 + 4 + 12 + 8 + 20 + 14  # a 4 KB RoCE write on the wire
@@ -92,32 +92,33 @@ def test_ecmp_spreads_qps_over_long_haul_paths_by_hash_mode(fabrics, tmp_path):
     for mode in ("five-tuple", "qpn", "qpn-psn", "ev"):
         client.request(name, {"op": "set_hash", "hash": mode})
         # Nothing may be lost at this load, unless the hypervisor stalls a shaper by stealing its
-        # vCPU: a run that lost packets under steal is taken again after a quiet window, and one
-        # never run losslessly on a quiet machine leaves the test inconclusive (said at the end).
+        # vCPU: a run that lost packets while the fidelity monitor saw steal is taken again after
+        # a quiet window, and one never run losslessly without steal leaves the test
+        # inconclusive (said at the end); a loss the monitor saw no steal in fails.
         for attempt in range(3):
             before = port_counters(stats(name))
             # A receiver gives up 2 s after its last packet: a lost one must not stretch the
-            # window the steal is measured over (60 s of waiting would dilute a burst to nothing).
+            # window the monitor judges (60 s of waiting would dilute a burst of steal to nothing).
             receivers = [start_receiver(name, dst, QPS, idle=2.0) for _, dst, _ in pairs]
-            watch = measure.CpuWatch()
+            verdict_of = watch(name)
             senders = [rocegen(name, src, "send", addr, "--qps", str(QPS), "--packets", "32", "--payload", "512",
                                "--pps", "3000", "--pair-id", str(i),
                                "--sport", "qp" if mode == "ev" else "pair")
                        for i, (src, _, addr) in enumerate(pairs)]
             sent = sum(finish(s)["sent"] for s in senders)
-            steal = watch.steal()  # while the queues built; the drain follows in well under 2 s
+            steal = stolen(verdict_of())  # while the queues built; the drain follows in well under 2 s
             got = [finish(r) for r in receivers]
             after = port_counters(stats(name))
             arrived = sum(g["packets"] for g in got)
             lossless = arrived == sent and all(g["complete"] == QPS for g in got)
             where = lost_where(before, after)
-            if lossless or steal < QUIET_STEAL:
+            if lossless or not steal:
                 break
-            print(f"{mode}: {arrived} of {sent} packets arrived ({where}), steal {steal:.0%}: again")
+            print(f"{mode}: {arrived} of {sent} packets arrived ({where}), {steal}: again")
             wait_for_quiet(30.0)
-        conclusive = lossless or steal < QUIET_STEAL
+        conclusive = lossless or not steal
         if not conclusive:
-            inconclusive.append(f"{mode}: {arrived} of {sent} arrived ({where}), steal {steal:.0%}")
+            inconclusive.append(f"{mode}: {arrived} of {sent} arrived ({where}), {steal}")
         per_path = [0] * len(wan_ports)
         for key, path in wan_ports.items():
             per_path[path] = after[key]["counters"]["fwd_pkts"] - before[key]["counters"]["fwd_pkts"]
@@ -129,7 +130,7 @@ def test_ecmp_spreads_qps_over_long_haul_paths_by_hash_mode(fabrics, tmp_path):
               f"paths used {report[mode]['paths_used']}/8 reordered at the receivers {reordered}/{sent}")
         if conclusive:
             assert lossless, (f"{mode}: {arrived} of {sent} packets arrived, QPs complete per receiver "
-                              f"{[g['complete'] for g in got]} of {QPS}, at {steal:.1%} steal; {where}")
+                              f"{[g['complete'] for g in got]} of {QPS}, the monitor saw no steal; {where}")
             assert sum(per_path) == sent, f"{mode}: the eBPF datapath forwarded {sum(per_path)} of {sent} over the WAN"
     # What a user reads: the CLI's tables and JSON carry the same counters.
     text = bp("stats", "--name", name).stdout
@@ -153,6 +154,20 @@ def test_ecmp_spreads_qps_over_long_haul_paths_by_hash_mode(fabrics, tmp_path):
         pytest.skip(f"the spread held, but no run of these modes was lossless on a quiet machine: {inconclusive}")
 
 
+def overload_fabric(fabrics, tmp_path, name: str):
+    """single-dc with a 32 KB switch buffer and WRED from 8 KB to 24 KB (32 MB, 8 MB and 24 MB at
+    scale 0.001): (fabric name, plan, the host the overload targets, the leaf port into it)."""
+    def edit(d):
+        d["buffers"]["switch"] = "32MB"
+        d["ecn"] = {"kmin": "8MB", "kmax": "24MB", "pmax": "20%"}
+
+    topo = custom_topology(tmp_path, "single-dc", edit)
+    name = fabrics(name, topo)
+    p = plan.build(spec.load(topo), name)
+    dst = "local-host2"
+    return name, p, dst, next(x for x in p.ports() if x.peer_node == dst)
+
+
 def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fabrics, tmp_path):
     """Two hosts send at their NICs' line rate into a third host's port (2:1 overload).
 
@@ -162,15 +177,7 @@ def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fa
     full, ECT packets get CE, the egress program tail-drops at the buffer, the qdisc drops
     nothing.
     """
-    def edit(d):
-        d["buffers"]["switch"] = "32MB"
-        d["ecn"] = {"kmin": "8MB", "kmax": "24MB", "pmax": "20%"}
-
-    topo = custom_topology(tmp_path, "single-dc", edit)
-    name = fabrics("tovl", topo)
-    p = plan.build(spec.load(topo), name)
-    dst = "local-host2"
-    bottleneck = next(x for x in p.ports() if x.peer_node == dst)
+    name, p, dst, bottleneck = overload_fabric(fabrics, tmp_path, "tovl")
     key = (bottleneck.node, bottleneck.ifname)
     addr = str(p.host_address(dst))
     buffer = bottleneck.egress.buffer_bytes
@@ -205,13 +212,13 @@ def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fa
     senders = [rocegen(name, f"local-host{i}", "send", addr, "--qps", "4", "--packets", "2500", "--payload",
                        "4096", "--sndbuf", "4096", "--sport", "pair", "--pair-id", str(i)) for i in (0, 3)]
     samples = []
-    watch = measure.CpuWatch()
+    verdict_of = watch(name)
     while any(x.poll() is None for x in senders):
         q = client.request(name, {"op": "queue", "node": key[0], "ifname": key[1]})
         samples.append((q["depth_before"], q["backlog"], q["depth_after"]))
     for x in senders:
         finish(x)
-    steal = watch.steal()
+    steal = stolen(verdict_of())
     got = finish(r)
     body = stats(name)
     after = port_counters(body)[key]
@@ -237,14 +244,63 @@ def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fa
     assert after["queue"]["max_depth_bytes"] <= buffer
     assert len(full) >= 5, f"the queue was seen full in only {len(full)} of {len(samples)} samples"
     assert len(agree) >= 0.9 * len(full), [s for s in full if s not in agree][:5]
-    if len(near) < len(full) and steal >= QUIET_STEAL:
+    if len(near) < len(full) and steal:
         # A vCPU stolen mid-reading leaves frames in the peer's veth ring for longer.
-        inconclusive.append(f"{len(full) - len(near)} of {len(full)} samples beyond four frames under "
-                            f"{steal:.0%} steal: {[s for s in full if s not in near][:5]}")
+        inconclusive.append(f"{len(full) - len(near)} of {len(full)} samples beyond four frames while "
+                            f"{steal}: {[s for s in full if s not in near][:5]}")
     else:
         assert len(near) == len(full), [s for s in full if s not in near][:5]
     if inconclusive:
         pytest.skip(f"every other check passed; inconclusive on this loaded machine: {inconclusive}")
+
+
+def test_overloaded_port_dequeues_back_to_back_at_its_rate(fabrics, tmp_path):
+    """Mininet-HiFi's fidelity check on the 2:1 incast above: while the port was backlogged,
+    the peer's XDP saw frames leave its queue one transmission time apart.
+
+    The primary check is the rate achieved over the busy gaps (bytes the shaper charged to them
+    / their time): within 10% of the port's configured rate. Single gaps jitter with the
+    shaper's timer, and HTB's burst allowance (queues._burst: two frames here) lets a late
+    frame's successor leave early to catch up, so the bins only have to show most gaps
+    around 1.0. Measured on a quiet 2-core machine (16 runs): 0.998-1.000 of the rate, 70-93%
+    of the gaps in 0.9-1.1, the rest split evenly between 0.75-0.9 and 1.1-1.25 (a late gap
+    paid back by an early one), under 1% below 0.5 and under 0.5% above 2.
+    """
+    name, p, dst, bottleneck = overload_fabric(fabrics, tmp_path, "tpace")
+    rate = bottleneck.egress.rate_bps / 8
+    where = {"node": bottleneck.node, "ifname": bottleneck.ifname}
+    before = client.request(name, {"op": "pacing", **where})["pacing"]
+    addr = str(p.host_address(dst))
+    r = start_receiver(name, dst, 8, idle=2.0)
+    verdict_of = watch(name)
+    senders = [rocegen(name, f"local-host{i}", "send", addr, "--qps", "4", "--packets", "5000", "--payload",
+                       "4096", "--sndbuf", "4096", "--sport", "pair", "--pair-id", str(i)) for i in (0, 3)]
+    for x in senders:
+        finish(x)
+    verdict = verdict_of()
+    steal = stolen(verdict)
+    finish(r)
+    after = client.request(name, {"op": "pacing", **where})["pacing"]
+    counts = [a - b for a, b in zip(after["counts"], before["counts"])]
+    gaps = after["busy_gaps"] - before["busy_gaps"]
+    busy_ns = after["busy_ns"] - before["busy_ns"]
+    busy_bytes = after["busy_bytes"] - before["busy_bytes"]
+    achieved = busy_bytes / (busy_ns / 1e9) / rate if busy_ns else 0.0
+    edges = after["edges"]
+    on_time = next(i for i, e in enumerate(edges) if e > 1.0)  # the bin that holds a ratio of 1
+    bins = ", ".join(f"{lo}-{hi}: {c / max(gaps, 1):.1%}"
+                     for lo, hi, c in zip([0.0, *edges], [*edges, "inf"], counts))
+    seen = (f"{gaps} busy gaps over {busy_ns / 1e9:.3f} s at {achieved:.4f} of the port's rate "
+            f"({rate * 8 / 1e6:.0f} Mb/s), monitor {verdict['limits']}; gap / ideal: {bins}")
+    print(f"pacing of {bottleneck.node}:{bottleneck.ifname}: {seen}")
+    assert gaps >= 2000, f"the incast hardly kept the port backlogged: {seen}"
+    faithful = abs(achieved - 1) <= 0.10 and counts[on_time] >= 0.5 * gaps
+    if not faithful and steal:
+        pytest.skip(f"inconclusive: the fidelity monitor saw the hypervisor steal CPU (a stolen vCPU stalls "
+                    f"the shaper): {seen}")
+    assert abs(achieved - 1) <= 0.10, f"the backlogged port did not deliver its rate: {seen}"
+    window = f"{edges[on_time - 1]}-{edges[on_time]}"
+    assert counts[on_time] >= 0.5 * gaps, f"most busy gaps must be one frame time ({window}): {seen}"
 
 
 def test_fidelity_guard_reports_drops_outside_the_model(fabrics):

@@ -141,3 +141,51 @@ def test_netem_never_drops_at_the_paths_line_rate(fabrics, tmp_path):
             if rate["ratio"] >= 0.9:
                 break
         assert rate["ratio"] >= 0.9, f"path {path} carried {readings} of its rate in three readings: {rate}"
+
+
+def _added_rtt(fabrics, topology, scope: str, *flags: str) -> tuple[float, dict, dict]:
+    """The RTT the delay lines add on ``scope``'s pair: the fabric with them, minus the same
+    fabric's without (what its routers cost), difference of the minima."""
+    name = fabrics("tdil", topology, *flags)
+    base = fabrics("tdilbase", topology, "--no-wan-delay", "--dilation", "realtime")
+    got = {r["scope"]: r for r in bp_json("status", "--name", name)["rtt"]}[scope]
+    ref = {r["scope"]: r for r in bp_json("status", "--name", base)["rtt"]}[scope]
+    return got["min_s"] - ref["min_s"], got, ref
+
+
+def test_the_wan_dilates_with_the_time_model(fabrics):
+    """At dilation 10 the 3,000 km take 10 x 30 ms of wall time per round trip (status reports
+    them as 30 ms of the real fabric's), within the tolerance of the realtime test."""
+    d = 10
+    added, got, ref = _added_rtt(fabrics, "tiny", "cross-dc", "--dilation", str(d))
+    body = bp_json("status", "--name", "tdil")
+    assert body["time_model"]["dilation"] == d
+    want = d * 2 * ONE_WAY_S  # the fibers' 30 ms, dilated (the in-DC latency's 2 x 19 us aside)
+    tolerance = EMULATED_NETEM_TOLERANCE if cpu_is_emulated() else 0.05
+    print(f"\ncross-DC RTT at d = {d}: min {got['min_s'] * 1e3:.1f} ms wall, the delay lines {added * 1e3:.1f} ms "
+          f"(want {want * 1e3:.0f} ms); the routers {ref['min_s'] * 1e3:.2f} ms")
+    assert want * 0.999 <= added <= want * (1 + tolerance), (got, ref)
+    for path in body["wan_paths"]:
+        assert math.isclose(path["wall_one_way_delay_s"], d * ONE_WAY_S, rel_tol=1e-4)
+        assert math.isclose(path["one_way_delay_s"], ONE_WAY_S, rel_tol=1e-4)  # reported real
+    text = bp("status", "--name", "tdil").stdout
+    assert "d = 10" in text
+
+
+def test_in_dc_latency_is_held_by_the_hosts_netem_and_dilates(fabrics, tmp_path):
+    """single-dc at faithful: the topology's in-DC latency (3.8 us RTT across a spine, real)
+    is 3.8 ms of wall time, held by a netem under each host's shaper, and a ping sees it."""
+    topo = variant(tmp_path, "single-dc", latency={"cable": "20m", "switch": "500ns"})
+    added, got, ref = _added_rtt(fabrics, topo, "intra-dc", "--dilation", "faithful")
+    body = bp_json("status", "--name", "tdil")
+    intra = body["intra_dc"]
+    assert intra["applied"] and math.isclose(intra["rtt_s"], 2 * (4 * 100e-9 + 3 * 500e-9), rel_tol=1e-6)
+    want = 1000 * intra["rtt_s"]
+    tolerance = EMULATED_NETEM_TOLERANCE if cpu_is_emulated() else 0.05
+    print(f"\nin-DC RTT at faithful: min {got['min_s'] * 1e3:.2f} ms wall, the hosts' delay lines {added * 1e3:.2f} ms "
+          f"(want {want * 1e3:.2f} ms); the routers {ref['min_s'] * 1e3:.2f} ms")
+    assert want * 0.99 <= added <= want * (1 + tolerance) + 0.2e-3, (got, ref)
+    hosts = [p["kernel"] for link in body["links"] for p in (link["a"], link["b"])
+             if p["node"].startswith("local-host")]
+    assert hosts and all(k.get("fifo") == "netem" and math.isclose(k["delay_s"], want / 2, rel_tol=1e-3)
+                         for k in hosts), hosts

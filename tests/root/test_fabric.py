@@ -12,7 +12,7 @@ import pytest
 
 from emulator import capabilities, netns, plan, spec, state
 
-from .conftest import QUIET_STEAL, TOPOLOGIES, bp, bp_json, nothing_left, wait_for_quiet
+from .conftest import TOPOLOGIES, bp, bp_json, nothing_left, stolen, wait_for_quiet, watch
 
 NO_DELAY = () if capabilities.has_netem() else ("--no-wan-delay",)
 RATE_TOLERANCE = 0.05
@@ -52,11 +52,11 @@ def measure_every_link(p: plan.FabricPlan, tries: int = 8, quiet_budget_s: float
     On this shared machine the hypervisor steals CPU now and then (seen: 18-26% for tens of
     seconds), and a stalled vCPU stalls the shaper's timers with it: the link then really
     delivers less (about 1.5x the stolen share), through no fault of its configuration. Each
-    reading carries the steal measured during it. A reading above the rate fails at once; a low
-    reading taken on a quiet machine counts against the link (three of them fail it: other
-    processes on a 2-core machine also delay the shaper now and then); a low reading
-    under steal is taken again, up to ``tries`` times, after waiting for a quiet window. A link
-    never measured on a quiet machine is inconclusive, not good: the caller skips, saying so.
+    reading carries the fabric's fidelity verdict over it. A reading above the rate fails at
+    once; a low reading the monitor saw no steal in counts against the link (three of them fail
+    it: other processes on a 2-core machine also delay the shaper now and then); a low reading
+    it saw steal in is taken again, up to ``tries`` times, after waiting for a quiet window. A
+    link never measured without steal is inconclusive, not good: the caller skips, saying so.
     """
     bad, inconclusive = [], []
     quiet_deadline = time.monotonic() + quiet_budget_s  # all the waiting for quiet, per fabric
@@ -64,14 +64,16 @@ def measure_every_link(p: plan.FabricPlan, tries: int = 8, quiet_budget_s: float
         args = ["measure", "link", "--name", p.name, src, dst] + (["--path", str(path)] if path is not None else [])
         readings, quiet_low, verdict = [], 0, None
         for _ in range(tries):
+            verdict_of = watch(p.name)
             r = bp_json(*args)
-            readings.append((round(r["ratio"], 3), f"steal {r['cpu_steal']:.0%}"))
+            steal = stolen(verdict_of())
+            readings.append((round(r["ratio"], 3), steal or "no steal"))
             if r["ratio"] > 1 + RATE_TOLERANCE:
                 verdict = "above the configured rate"
                 break
             if r["ratio"] >= 1 - RATE_TOLERANCE:
                 break
-            if r["cpu_steal"] < QUIET_STEAL:
+            if not steal:
                 quiet_low += 1
                 if quiet_low == 3:
                     verdict = "below the configured rate on a quiet machine"
@@ -90,8 +92,8 @@ def measure_every_link(p: plan.FabricPlan, tries: int = 8, quiet_budget_s: float
 
 def skip_if_inconclusive(inconclusive: list[str]) -> None:
     if inconclusive:
-        pytest.skip(f"{len(inconclusive)} links could not be verified: the hypervisor stole CPU during "
-                    f"every reading of them (the shapers stall with it): {inconclusive}")
+        pytest.skip(f"{len(inconclusive)} links could not be verified: the fidelity monitor saw the hypervisor "
+                    f"steal CPU during every reading of them (the shapers stall with it): {inconclusive}")
 
 
 def test_tiny_fabric_pings_shapes_reports_and_goes_down(fabrics):

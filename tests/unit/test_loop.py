@@ -1,6 +1,7 @@
 """The soft-NIC's socket loop over loopback: two NICs, real UDP sockets, ICRCs checked both ways."""
 from __future__ import annotations
 
+import dataclasses
 import random
 import socket
 
@@ -53,6 +54,21 @@ def test_two_nics_over_loopback():
         b.close()
 
 
+def _marked_write(a: SoftNic, b: SoftNic, size: int, seed: int):
+    """A connected QP pair from ``a`` to ``b``, the sender's data leaving CE-marked (as a
+    congested switch would leave it), and one WRITE of ``size`` seeded bytes posted:
+    (sender QP, receiver QP, target region, the data)."""
+    mr = b.pd.register(bytearray(size))
+    qa = a.create_qp("127.0.0.3", QpConfig())
+    qb = b.create_qp("127.0.0.2", QpConfig())
+    qa.connect(qb.qpn, qb.ipsn)
+    qb.connect(qa.qpn, qa.ipsn)
+    a._peer[qa.qpn][1].setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (26 << 2) | 3)  # CE
+    data = random.Random(seed).randbytes(size)
+    qa.post_write(1, data, mr.va, mr.rkey)
+    return qa, qb, mr, data
+
+
 @pytest.mark.skipif(not _loopback("127.0.0.2"), reason="no 127.0.0.2 on loopback")
 @pytest.mark.parametrize("cc", ["paper", "off"])
 def test_ce_marks_bring_cnps_that_slow_the_sender(cc):
@@ -64,14 +80,7 @@ def test_ce_marks_bring_cnps_that_slow_the_sender(cc):
     a, b = SoftNic("127.0.0.2", line, cc=p), SoftNic("127.0.0.3", line, cc=p)
     try:
         size = 2 << 20
-        data = random.Random(3).randbytes(size)
-        mr = b.pd.register(bytearray(size))
-        qa = a.create_qp("127.0.0.3", QpConfig())
-        qb = b.create_qp("127.0.0.2", QpConfig())
-        qa.connect(qb.qpn, qb.ipsn)
-        qb.connect(qa.qpn, qa.ipsn)
-        a._peer[qa.qpn][1].setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (26 << 2) | 3)  # CE
-        qa.post_write(1, data, mr.va, mr.rkey)
+        qa, qb, mr, data = _marked_write(a, b, size, 3)
 
         def done() -> bool:
             b.step(0.001)
@@ -86,6 +95,44 @@ def test_ce_marks_bring_cnps_that_slow_the_sender(cc):
             assert qb.stats.cnps_sent > 0 and qa.stats.cnps_received == qb.stats.cnps_sent
             assert qa.rp.cnps == qa.stats.cnps_received and qa.rp.rc < line
             assert a.stats()["dropped"] == {} and b.stats()["dropped"] == {}
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.skipif(not _loopback("127.0.0.2"), reason="no 127.0.0.2 on loopback")
+def test_the_loop_runs_dcqcn_on_the_dilated_clock_and_holds_the_wire_to_its_rate():
+    """At dilation 10 the NICs' protocol clock runs 10x slower than the wall: the notification
+    point's N of 50 us (real) spaces CNPs 500 us of wall time apart, a configured CNP delay of
+    200 us (real) holds each CNP back 2 ms of wall time, and the sender puts on the wire no
+    more than its rate's integral allows (plus its pacer's burst)."""
+    d = 10.0
+    line = 400e6 * d  # 400 Mb/s of wall rate, in the loop's units (per virtual second)
+    p = dcqcn.profile("paper", line)
+    p = dataclasses.replace(p, cnp_delay_s=200e-6)
+    burst = 2 * 4196
+    a = SoftNic("127.0.0.2", line, cc=p, dilation=d, burst_bytes=burst, pace_burst=burst)
+    b = SoftNic("127.0.0.3", line, cc=p, dilation=d, burst_bytes=burst, pace_burst=burst)
+    try:
+        qa, qb, mr, data = _marked_write(a, b, 2 << 20, 4)
+        start = a.wall()
+
+        def done() -> bool:
+            b.step(0.001)
+            return qa.idle
+
+        assert a.run(done, timeout=120)
+        wall = a.wall() - start
+        assert mr.buffer == data
+        sent = qb.stats.cnps_sent
+        assert sent > 0 and qa.stats.cnps_received == sent
+        # One CNP per N of virtual time at most: N x d of wall time apart.
+        assert sent <= wall / (p.cnp_interval_s * d) + 1, (sent, wall)
+        # Each left at least the configured delay (x d of wall time) after its marked packet arrived.
+        assert min(b.cnp_delays) >= p.cnp_delay_s * d * 0.99, min(b.cnp_delays)
+        st = a.qp_state(qa.qpn)
+        assert st.tx_bytes * 8 <= st.allowed_bits + 8 * (burst + 4196 + 46), st
+        assert st.rc_bps < 400e6  # in wall units: the cut rate, below the line
     finally:
         a.close()
         b.close()

@@ -181,3 +181,50 @@ def test_hash_reference_spreads_and_is_deterministic():
     assert len(set(picks)) == 8
     # five-tuple ignores the QPN: one flow, one path.
     assert len({hashref.next_hop("five-tuple", 5, 8, dqpn=q, **f) for q in range(256, 320)}) == 1
+
+
+def test_dilation_stretches_delay_lines_and_their_queues():
+    s = spec.with_dilation(spec.load(TOPOLOGIES / "cross-dc.yaml"), 10)
+    for path in s.wan_paths:
+        line = plan.delay_line(s, path)
+        assert line.delay_s == pytest.approx(0.15)  # 15 ms x 10 of wall time
+        # The queue holds the dilated BDP: 10x the bytes in flight at the same emulated rate.
+        assert line.limit_packets * plan.MIN_FRAME >= 1.5 * s.emulated_rate(path.rate_bps) / 8 * 0.15
+    p = plan.build(s, "t")
+    assert p.wan_delay_s() == pytest.approx(0.15)
+    for port in p.ports():
+        if isinstance(port.egress, plan.Shaping):
+            assert port.egress.buffer_bytes == round(port.egress.real_buffer_bytes * 0.001 * 10)
+
+
+def test_hosts_egress_carries_the_dilated_in_dc_latency():
+    s = spec.with_dilation(spec.load(TOPOLOGIES / "single-dc.yaml"), "faithful")
+    p = plan.build(s, "t")
+    one_way = s.intra_dc_one_way_s()
+    assert 1e-6 < one_way < 10e-6  # cables and switches: microseconds
+    for port in p.ports():
+        role = p.node(port.node).role
+        if role == "host":
+            assert port.egress.delay_s == pytest.approx(one_way * 1000)
+            assert port.egress.delay_limit_packets * plan.MIN_FRAME >= port.egress.buffer_bytes
+        elif isinstance(port.egress, plan.Shaping):
+            assert port.egress.delay_s == 0  # switch queues stay FIFOs: their depth is exact
+    assert p.intra_delay_applies(True) and not p.intra_delay_applies(False)
+    # At realtime the same latency is below what the emulator's own forwarding costs.
+    assert not plan.build(spec.load(TOPOLOGIES / "single-dc.yaml"), "t").intra_delay_applies(True)
+
+
+def test_a_dilation_whose_wan_does_not_fit_in_memory_is_refused_with_the_one_that_fits():
+    from emulator.errors import CapabilityError
+    from emulator.fabric import check_wan_memory
+
+    faithful = plan.build(spec.with_dilation(spec.load(TOPOLOGIES / "cross-dc.yaml"), "faithful"), "t")
+    # 8 paths x 2 ways x 400 Mb/s x 15 s = 12 GB in flight: not in 24 GB with its overhead.
+    with pytest.raises(CapabilityError) as info:
+        check_wan_memory(faithful, 24 * 10**9)
+    text = str(info.value)
+    assert "12 GB in flight" in text and "15 s" in text and "lower the dilation to" in text
+    fit = float(text.split("lower the dilation to ")[1].split()[0])
+    assert 100 < fit < 1000
+    check_wan_memory(plan.build(spec.with_dilation(faithful.spec, fit * 0.99), "t"), 24 * 10**9)  # that fits
+    check_wan_memory(plan.build(spec.load(TOPOLOGIES / "cross-dc.yaml"), "t"), 24 * 10**9)  # realtime fits

@@ -246,3 +246,15 @@ def test_any_loss_pattern_delivers_exactly_once(mode, data_fates, ack_fates, siz
     npkts = sum(max(1, -(-len(memoryview(data)[o:o + -(-size // wrs)]) // 4096)) for o in range(0, size, -(-size // wrs)))
     assert b.qp.stats.delivered == npkts  # each PSN executed once, however often it arrived
     assert len(a.scq.poll()) == len(range(0, size, -(-size // wrs)))
+
+
+def test_several_lost_tail_packets_cost_one_timeout_in_selective_mode():
+    """The last nine packets lost, and nothing after them to SACK: the timeout resends the
+    oldest packet not acknowledged (49: its ACK was not asked for yet); its ACK shows the
+    holes sent well before it (RACK's three transmissions) lost, so they go at once, and their
+    ACKs do the same for the last few: one timeout, not one per hole."""
+    lost = set(range(55, 64))
+    a, b, mr, data, net = write_job("selective", 256 << 10,
+                                    fate=lambda d, i, t: DROP if d == "a>b" and i in lost else None)
+    assert mr.buffer == data
+    assert a.qp.stats.timeouts == 1 and a.qp.stats.retransmits == 1 + len(lost)

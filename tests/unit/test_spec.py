@@ -164,6 +164,20 @@ ERRORS = [
     (with_("nic.dcqcn", {"profile": "nvidia", "fast_recovery": 0}), "nic.dcqcn.fast_recovery", "at least 1"),
     (with_("nic.dcqcn", {"profile": "off", "g": 0.5}), "nic.dcqcn", "takes no fields"),
     (with_("nic.dcqcn", {"profile": "paper", "kmin": "1MB"}), "nic.dcqcn", "below kmin"),
+    (with_("dilation", 0), "dilation", "must be positive"),
+    (with_("dilation", -10), "dilation", "must be positive"),
+    (with_("dilation", "slow"), "dilation", "realtime or faithful"),
+    (with_("dilation", True), "dilation", "realtime or faithful"),
+    (with_("dilation", 1001), "dilation", "largest dilation at this scale is 1/scale = 1000"),
+    (with_("dilation", 200, with_("scale", 0.01)), "dilation", "more than the real fabric's"),
+    (with_("dilation", 20000, with_("scale", 0.00001, with_("links", {"host": "400Tbps", "fabric": "400Tbps",
+                                                                       "border": "400Tbps"},
+                                                          with_("wan.rate", "400Tbps")))),
+     "dilation", "more than netem holds"),
+    (with_("buffers.border", "5GB", with_("dilation", "faithful")), "buffers.border", "lower the dilation"),
+    (with_("latency.cable", "-1m"), "latency.cable", "expected a distance"),
+    (with_("latency.switch", "fast"), "latency.switch", "expected a duration"),
+    (with_("latency.hops", 3), "latency.hops", "unknown key"),
 ]
 
 
@@ -241,3 +255,51 @@ def test_a_given_kmin_is_checked_against_the_profiles_kmax_not_the_default():
     # 1 MB is above the paper's 200 KB default but below hpcc-ns3's 6.4 MB at 400 Gb/s
     s = load(with_("ecn", {"kmin": "1MB"}, with_("nic.dcqcn", "hpcc-ns3")))
     assert (s.ecn.kmin, s.ecn.kmax) == (1_000_000, 6_400_000)
+
+
+# --- the time model: rates x scale, times x dilation, bytes x scale*dilation ---
+
+
+def test_realtime_is_the_default_and_faithful_runs_real_bytes():
+    s = load(MINIMAL)
+    assert (s.dilation, s.dilation_preset) == (1.0, "realtime")
+    assert s.emulated_size(s.buffers.switch) == 16_000
+    f = load(with_("dilation", "faithful"))
+    assert (f.dilation, f.dilation_preset) == (1000.0, "faithful")
+    assert f.time.distortion == pytest.approx(1.0)
+    # Rates scale alone; times dilate; bytes are the real fabric's.
+    assert f.emulated_rate(f.links.host) == 400_000_000
+    assert f.emulated_time(f.wan_paths[0].delay_s) == pytest.approx(15.0)
+    assert f.emulated_size(f.buffers.switch) == 16_000_000
+    assert f.emulated_ecn() == (5_000, 200_000, 0.01)
+
+
+def test_a_dilation_in_between_scales_bytes_by_both():
+    s = load(with_("dilation", 10))
+    assert (s.dilation, s.dilation_preset) == (10.0, None)
+    assert s.emulated_size(s.buffers.switch) == 160_000  # 16 MB x 0.001 x 10
+    assert s.emulated_time(0.015) == pytest.approx(0.15)
+    assert s.time.distortion == pytest.approx(100)
+
+
+def test_up_dilation_replaces_the_files_and_is_checked_like_it():
+    s = load(MINIMAL)
+    f = spec.with_dilation(s, spec.parse_dilation("faithful"))
+    assert f.dilation == 1000 and f.emulated_size(f.buffers.host) == 16_000_000
+    assert spec.with_dilation(s, spec.parse_dilation("10")).dilation == 10
+    with pytest.raises(SpecError) as info:
+        spec.with_dilation(s, spec.parse_dilation("2000"))
+    assert info.value.path == "--dilation" and "1/scale = 1000" in str(info.value)
+    with pytest.raises(SpecError) as info:
+        spec.with_dilation(s, spec.parse_dilation("fast"))
+    assert info.value.path == "--dilation"
+
+
+def test_in_dc_latency_is_cables_and_switches_across_a_spine():
+    one_leaf = [{"name": "east", "spines": 1, "leaves": 1, "hosts_per_leaf": 2}]
+    # 4 cables of 500 ns, and leaf, spine, leaf
+    two = load(with_("latency", {"cable": "100m", "switch": "1us"},
+                     {"version": 1, "datacenters": [{"name": "east", "spines": 1, "leaves": 2, "hosts_per_leaf": 1}]}))
+    assert two.intra_dc_one_way_s() == pytest.approx(4 * 500e-9 + 3 * 1e-6)
+    rack = load({"version": 1, "datacenters": one_leaf, "latency": {"cable": "100m", "switch": "1us"}})
+    assert rack.intra_dc_one_way_s() == pytest.approx(2 * 500e-9 + 1e-6)

@@ -1,0 +1,1 @@
+"""Independent reference models, written from primary sources, to check the emulator against."""
