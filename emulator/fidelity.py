@@ -14,6 +14,8 @@ outside the model are the fidelity guard's, emulator/telemetry.py):
   notification point's interval, the configured delays): only that part of the feedback delay
   is the emulator's own, and the check holds it against the feedback loop the topology models
   (its in-DC RTT plus the NICs' configured delays).
+- **NIC pacing**: a sending NIC out of CPU sends less than its rate allows (at the start of an
+  incast, every sender at line rate at once), and the loop is then not the topology's.
 - **dequeue pacing**: on a busy bottleneck consecutive frames must leave their queue a frame
   time apart (Mininet-HiFi's invariant); a shaper or a NAPI poll that runs late stretches the
   gaps, and the link delivers less than its rate.
@@ -22,6 +24,7 @@ Each check returns a Finding; ``verdict`` joins them (and the guard's limits) in
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from . import units
@@ -35,6 +38,12 @@ FEEDBACK_P90_SHARE = 2.0
 BUSY_RATE_SHARE = 0.95
 # At most this share of a busy port's gaps may exceed twice the frame time.
 LATE_GAP_SHARE = 0.05
+# A sending NIC may leave at most this share of what its rate allowed unsent, and no telemetry
+# interval below NIC_MIN_SHARE of it (a NIC out of CPU is slower than the fabric it drives).
+NIC_OWED_SHARE = 0.05
+NIC_MIN_SHARE = 0.5
+NIC_MIN_FRAMES = 4  # an interval that allowed fewer frames than this says nothing
+FRAME = 4096 + 100  # a full RoCE frame on the host link, about
 # Below this many busy gaps a port's pacing says nothing.
 MIN_BUSY_GAPS = 100
 # A port backlogged for less than this share of the run was not a bottleneck.
@@ -43,7 +52,7 @@ BUSY_SHARE = 0.05
 
 @dataclass(frozen=True)
 class Finding:
-    check: str  # granularity | feedback | dequeue pacing
+    check: str  # granularity | feedback | nic pacing | dequeue pacing
     ok: bool
     message: str
     where: str = ""  # the port a dequeue-pacing finding is about
@@ -111,6 +120,45 @@ def feedback(tm: TimeModel, cnp_late: dict | None, reaction_late: dict | None, l
            "run faithful")
     return Finding("feedback", False, f"NOT FAITHFUL: {what} (limits {units.format_duration(limit50)} at p50, "
                                       f"{units.format_duration(limit90)} at p90); {fit}")
+
+
+def nic_pacing(tm: TimeModel, senders: dict[str, dict], begin: float = 0.0, end: float = math.inf) -> Finding | None:
+    """Whether the sending NICs kept up with their rates: per telemetry interval (the first and
+    the last of each sender aside: it started or ended inside them) that ended with new data
+    still to send, the bytes a QP sent against the integral of its rate (``senders``: each
+    host's telemetry, emulated units). A NIC out of
+    CPU sends less than it may, and the loop it is part of is not the topology's: more than
+    NIC_OWED_SHARE of the owed bytes unsent, or any interval at less than NIC_MIN_SHARE of its
+    rate, is a finding. Only for NICs without a window (a window or ACK clock holds a sender
+    back by design), and only while every sender sent (``begin``..``end``, wall seconds on the
+    telemetry's clock: once one has finished, its process writing out its report competes for
+    the CPUs); None when nothing can be said."""
+    owed = sent = 0.0
+    worst, where = 1.0, ""
+    for host, tel in senders.items():
+        t = tel["t"]
+        for q in tel["qps"].values():
+            tx, unsent = q["tx_bytes"], q["unsent"]
+            for k in range(2, len(t) - 1):
+                if not begin <= t[k - 1] < t[k] <= end:
+                    continue
+                allowed = q["rate_bps"][k] * (t[k] - t[k - 1]) / 8
+                if allowed < NIC_MIN_FRAMES * FRAME or not unsent[k]:
+                    continue  # too little to tell from whole frames, or nothing new left to send
+                got = tx[k] - tx[k - 1] + FRAME  # a frame's worth of rounding either way
+                owed += allowed
+                sent += min(got, allowed)
+                if got / allowed < worst:
+                    worst, where = got / allowed, f"{host} at {units.format_duration(tm.real_time(t[k]))}"
+    if owed <= 0:
+        return None
+    share = sent / owed
+    what = (f"the senders sent {share:.3f} of what their rates allowed; the worst interval {worst:.2f} "
+            f"({where})")
+    if share >= 1 - NIC_OWED_SHARE and worst >= NIC_MIN_SHARE:
+        return Finding("nic pacing", True, what)
+    return Finding("nic pacing", False, f"NOT FAITHFUL: {what}: a NIC was out of CPU and sent less than its "
+                                        f"rate; lower the scale (and dilate in step: faithful)")
 
 
 def dequeue_pacing(port: str, tm: TimeModel, delta: dict, rate_bps: float, interval_s: float) -> Finding | None:

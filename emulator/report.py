@@ -105,6 +105,10 @@ def fidelity(result: dict, machine: dict | None) -> dict:
         cnp = result["receiver"]["nic"].get("cnp_late_s")
         loop = sc["intra_dc_rtt_s"] + cc["cnp_delay_s"] + cc["reaction_delay_s"]
         findings.append(fidelity_mod.feedback(tm, cnp, react, loop))
+    if sc.get("window") == "none":
+        nic = fidelity_mod.nic_pacing(tm, result["telemetry"].get("senders") or {}, *_window(result))
+        if nic is not None:
+            findings.append(nic)
     for p in (machine or {}).get("pacing", []):
         findings.append(fidelity_mod.Finding(**p))
     limits = [x for x in (machine or {}).get("limits", []) if not x.startswith("NOT FAITHFUL")]

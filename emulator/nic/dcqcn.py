@@ -185,6 +185,13 @@ class ReactionPoint:
     def rate_bps(self) -> float:
         return self.rc if self.p.enabled else self.line
 
+    def next_change(self) -> float:
+        """When the rate may next change by itself (its increase timer or a decrease tick with
+        a CNP pending): a loop sleeping until a slow rate's next packet wakes then instead."""
+        if not self.p.enabled:
+            return math.inf
+        return min(self._next_timer, self._next_cut if self._cut_flag else math.inf)
+
     def allowed_bits(self, now: float) -> float:
         """The integral of the rate from the start to ``now``: what the QP may have sent."""
         if not self.p.enabled:

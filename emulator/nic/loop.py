@@ -72,6 +72,7 @@ class QpState:
     cnps_sent: int
     ce_received: int  # CE-marked data packets it received
     tx_bytes: int  # bytes it put on the host link
+    unsent: int  # packets posted and never sent yet: with none, the rate owes the QP nothing
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -369,8 +370,9 @@ class SoftNic:
                 wait = min(wait, -self._tokens / self._rate)
             if isinstance(qp.pace, dcqcn.RatePacer) and qp.nxt < qp.end:
                 # 0 when the pacer has let tokens build since the turn tried it: turn again now,
-                # never sleep the whole max_wait while a packet may go.
-                wait = min(wait, qp.pace.wait(now))
+                # never sleep the whole max_wait while a packet may go; and wake when the rate
+                # may rise, not when the next packet is due at the old, slower rate.
+                wait = min(wait, qp.pace.wait(now), qp.rp.next_change() - now)
         if wait > 0:
             select.select([self.rx], [], [], wait * self.dilation)
 
@@ -393,7 +395,8 @@ class SoftNic:
         allowed = rp.allowed_bits(now) if rp else line * now
         d = self.dilation  # the loop's rates are per virtual second: per wall second is / d
         return QpState(allowed, (rp.rc if rp else line) / d, (rp.rt if rp else line) / d, rp.alpha if rp else 0.0,
-                       qp.stats.cnps_received, qp.stats.cnps_sent, self.ce_data[qpn], self.tx_bytes[qpn])
+                       qp.stats.cnps_received, qp.stats.cnps_sent, self.ce_data[qpn], self.tx_bytes[qpn],
+                       qp.end - qp.nxt)
 
     def stats(self) -> dict:
         return {"rx_packets": self.counters.rx_packets, "tx_packets": self.counters.tx_packets,

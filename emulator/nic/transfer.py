@@ -38,7 +38,7 @@ PKT_WIRE = MTU_PAYLOAD + 12 + 16 + 4 + 42  # a full data packet on the host link
 NIC_SLACK_S = 2e-3
 # A QP's DCQCN pacer, unlike the line's serialiser, keeps little in reserve: two frames, or this
 # much wall time of its current rate (a loop that woke late may make up that much at once).
-PACE_BURST = 2 * (MTU_PAYLOAD + 100)
+PACE_BURST = MTU_PAYLOAD + 100
 PACE_SLACK_S = 0.2e-3
 # Wall seconds below which a timeout is a busy host's scheduling, not loss; and the first
 # timeout (before any RTT sample) and the longest one, also wall: each is / dilation on the
@@ -46,6 +46,12 @@ PACE_SLACK_S = 0.2e-3
 RTO_FLOOR_WALL_S = 0.010
 RTO_INITIAL_WALL_S = 0.05
 RTO_MAX_WALL_S = 2.0
+# And the real fabric's own, which dilation must not shrink: IRN's RTO_low and RTO_high (100 and
+# 320 us; Mittal et al., SIGCOMM 2018): an incast's first queue holds hundreds of microseconds
+# of data before any RTT is sampled, and a shorter first timeout resends what is only queued.
+RTO_FLOOR_REAL_S = 100e-6
+RTO_INITIAL_REAL_S = 320e-6
+RTO_MAX_REAL_S = 10e-3
 
 
 def _config(mode: str, rate_bps: float, rtt_s: float, qps: int = 1, dilation: float = 1.0,
@@ -61,8 +67,9 @@ def _config(mode: str, rate_bps: float, rtt_s: float, qps: int = 1, dilation: fl
     # window "none": in flight up to what the responder accepts, as a NIC without BDP-FC sends.
     inflight = rx_window if window == "none" else max(32, int(bdp * 1.5 / max(1, qps)) + 16)
     return QpConfig(mode=mode, max_inflight=inflight, rx_window=rx_window,
-                    rto_initial=max(RTO_INITIAL_WALL_S, 4 * rtt_s) / d, rto_min=RTO_FLOOR_WALL_S / d,
-                    rto_max=RTO_MAX_WALL_S / d)
+                    rto_initial=max(max(RTO_INITIAL_WALL_S, 4 * rtt_s) / d, RTO_INITIAL_REAL_S),
+                    rto_min=max(RTO_FLOOR_WALL_S / d, RTO_FLOOR_REAL_S),
+                    rto_max=max(RTO_MAX_WALL_S / d, RTO_MAX_REAL_S))
 
 
 def nic_burst(rate_bps: float, host_queue_bytes: int) -> int:
@@ -122,7 +129,8 @@ class Recorder:
 
     # rate_bps: DCQCN's Rc averaged over the interval ending at the sample (cuts and recoveries
     # faster than the period still show); rc_bps: Rc at the sample.
-    COLUMNS = ("rate_bps", "rc_bps", "target_bps", "alpha", "cnps_received", "cnps_sent", "ce_received", "tx_bytes")
+    COLUMNS = ("rate_bps", "rc_bps", "target_bps", "alpha", "cnps_received", "cnps_sent", "ce_received", "tx_bytes",
+               "unsent")
 
     def __init__(self, nic: SoftNic, qps: list, period: float, t0: float) -> None:
         self.nic, self.qps, self.period, self.t0 = nic, qps, period, t0

@@ -41,11 +41,12 @@ one FIFO served at ``bottleneck_bps``; a frame reaches the receiver base_rtt/4 a
 has left the bottleneck; everything the receiver sends back (ACK, loss report, CNP)
 travels base_rtt/2. So base_rtt is the round trip without queueing and serialisation.
 
-Queue depth is counted the way the emulator counts it (enqueued minus dequeued bytes,
-the dequeue seen when the frame has fully left): a frame is in the queue from its
-arrival until its serialisation at the bottleneck ends. ECN is decided at enqueue on
-the depth found (not counting the arriving frame), tail drop if the frame would take
-the depth above ``buffer_bytes``.
+Queue depth is counted the way the emulator counts it (enqueued minus dequeued bytes):
+a shaper (HTB on a veth) releases a frame at the start of its transmission slot and then
+waits out its time, so a frame is in the queue from its arrival until its service starts,
+and a frame that finds the port idle never queues. ECN is decided at enqueue on the depth
+found (not counting the arriving frame), tail drop if the frame would take the depth above
+``buffer_bytes``.
 
 Loss recovery is selective and simple: the receiver keeps what arrives; the next frame
 of the same sender to reach it reveals that sender's earlier drops (the network is
@@ -654,10 +655,11 @@ class Result:
         """Figures over the second half of the time all senders were active."""
         a, b = self.active_start_s, self.active_end_s
         mid = (a + b) / 2
-        p50, p90, p99, pmax = self.queue_percentiles((50, 90, 99, 100), mid, b)
+        p10, p50, p90, p99, pmax = self.queue_percentiles((10, 50, 90, 99, 100), mid, b)
         return {
             "start_s": mid,
             "end_s": b,
+            "queue_p10_bytes": p10,
             "queue_p50_bytes": p50,
             "queue_p90_bytes": p90,
             "queue_p99_bytes": p99,
@@ -867,9 +869,9 @@ def simulate(sc: Scenario) -> Result:  # noqa: C901 - one hot loop, kept flat fo
             # ---- bottleneck: the frame arrives at ta, FIFO, ECN on the depth found
             ta = t + d_pre
             while q_dep and q_dep[0] <= ta:
-                dt = q_dep.popleft()
+                dt = q_dep.popleft()  # its service starts: it leaves the queue
                 n_q -= 1
-                dep_t.append(dt)
+                dep_t.append(dt + ser_b)
                 q_t.append(dt)
                 q_d.append(n_q * frame)
             depth = n_q * frame
@@ -885,12 +887,16 @@ def simulate(sc: Scenario) -> Result:  # noqa: C901 - one hot loop, kept flat fo
                 else:
                     marked = rnd() < pmax * (depth - kmin) / (kmax - kmin)
                 arrivals_by_depth[depth] = arrivals_by_depth.get(depth, 0) + 1
-                dep = (ta if ta > last_dep else last_dep) + ser_b
+                start = ta if ta > last_dep else last_dep
+                dep = start + ser_b
                 last_dep = dep
-                q_dep.append(dep)
-                n_q += 1
-                q_t.append(ta)
-                q_d.append(n_q * frame)
+                if start > ta:  # it waits behind others: queued until its service starts
+                    q_dep.append(start)
+                    n_q += 1
+                    q_t.append(ta)
+                    q_d.append(n_q * frame)
+                else:  # an idle port serves it at once: it never queues
+                    dep_t.append(dep)
 
                 # ---- receiver: FIFO, so its arrivals are in this order
                 tr = dep + d_post
@@ -1003,7 +1009,7 @@ def simulate(sc: Scenario) -> Result:  # noqa: C901 - one hot loop, kept flat fo
     while q_dep and q_dep[0] <= end:
         dt = q_dep.popleft()
         n_q -= 1
-        dep_t.append(dt)
+        dep_t.append(dt + ser_b)
         q_t.append(dt)
         q_d.append(n_q * frame)
     k = bisect.bisect_right(q_t, end)

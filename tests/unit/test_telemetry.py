@@ -70,3 +70,21 @@ def test_a_port_with_too_few_busy_gaps_says_nothing():
     now.pacing = {"p": (400_000_000, _pacing([0, 0, 0, 0, 10, 0, 0, 0, 0, 0], 10**6, 1))}
     v = assess(prev, now, TM)
     assert v["trustworthy"] and v["pacing"] == []
+
+
+def test_a_sender_that_fell_behind_its_rate_is_not_faithful():
+    from emulator.fidelity import nic_pacing
+
+    t = [i * 0.01 for i in range(12)]  # 10 ms samples of wall time
+    rate = [4e8] * 12  # 400 Mb/s: 500 KB allowed per interval
+    steady = [k * 500_000 for k in range(12)]
+    stalled = list(steady)
+    for k in range(6, 12):
+        stalled[k] -= 400_000  # one interval sent only 100 KB of its 500 KB
+    sender = lambda tx: {"t": t, "qps": {"256": {"rate_bps": rate, "tx_bytes": tx, "unsent": [100] * 12}}}  # noqa: E731
+    ok = nic_pacing(TM, {"a": sender(steady), "b": sender(steady)})
+    assert ok.ok
+    bad = nic_pacing(TM, {"a": sender(steady), "b": sender(stalled)})
+    assert not bad.ok and "b at" in bad.message
+    # Outside the time every sender sent, a stall says nothing.
+    assert nic_pacing(TM, {"a": sender(steady), "b": sender(stalled)}, 0.0, 0.05).ok
