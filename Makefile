@@ -3,7 +3,7 @@
 VENV   ?= $(or $(BACKPLANE_VENV),.venv)
 PY     := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
-HAS_NETEM := $(PY) -c 'import sys; from emulator.capabilities import has_netem; sys.exit(0 if has_netem() else 1)'
+HAS_NETEM := $(PY) -c 'import sys; from emulator.fabric.capabilities import has_netem; sys.exit(0 if has_netem() else 1)'
 
 .PHONY: setup vm-setup demo test test-host test-unit test-root test-delay vm-test vm-build vagrant-smoke clean
 

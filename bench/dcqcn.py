@@ -5,7 +5,7 @@ share. For each profile (and ``off``, in the same run) the fabric is brought up 
 profile's own switch thresholds, the incast runs, and the second half of the time every sender
 was active is read twice: from the emulator (the datapath's queue samples, the port's dequeued
 bytes, the NICs' bytes sent) and from emulator/reference/incast.py, a per-packet model of the
-same scenario and parameters written from DCQCN's sources (emulator/modelcheck.py: the model's
+same scenario and parameters written from DCQCN's sources (emulator/telemetry/modelcheck.py: the model's
 range over five seeds, and whether the emulator lies within it give or take the tolerances
 stated there). Every figure is the real fabric's (bytes / (scale x dilation), rates / scale,
 times / dilation). Each run also prints its fidelity verdict.
@@ -33,7 +33,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from emulator import modelcheck, report  # noqa: E402
+from emulator.telemetry import modelcheck, report
 
 NAME = "bdcq"
 DEFAULT_SENDERS = "dc-host0,dc-host1,dc-host2,dc-host3,dc-host4"
@@ -130,7 +130,7 @@ def main() -> int:
                 runs.append({"profile": profile, "flows": n, "compare": c, "fidelity": r["fidelity"],
                              "time_model": r["time_model"], "wall_s": wall})
     print("second half of the time all senders sent; emu: the emulator, model: the reference model's range over "
-          f"{modelcheck.SEEDS} seeds; * outside the model's range by more than its tolerance (emulator/modelcheck.py); "
+          f"{modelcheck.SEEDS} seeds; * outside the model's range by more than its tolerance (emulator/telemetry/modelcheck.py); "
           "util: the shared port's dequeued bytes over its rate; q: its depth sampled every telemetry period")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(runs, indent=2))

@@ -25,20 +25,15 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from emulator import netns, plan, spec  # noqa: E402
+from emulator.fabric import netns
+from emulator.model import plan, spec
+from emulator.telemetry import cpu
 
 NAME = "bfwd"
 
 
 def bp(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "emulator.cli", *args], cwd=REPO, check=True, capture_output=True)
-
-
-def busy_jiffies() -> int:
-    """Non-idle CPU time of all CPUs so far, in clock ticks (/proc/stat)."""
-    with open("/proc/stat") as fh:
-        v = [int(x) for x in fh.readline().split()[1:9]]
-    return sum(v) - v[3] - v[4]  # minus idle and iowait
 
 
 def one(datapath: str, packets: int, payload: int, qps: int) -> dict:
@@ -52,19 +47,19 @@ def one(datapath: str, packets: int, payload: int, qps: int) -> dict:
         bp("up", str(topo), "--name", NAME, "--no-wan-delay")
         try:
             dst = str(p.host_address("west-host0"))
-            gen = [sys.executable, "-m", "emulator.rocegen"]
+            gen = [sys.executable, "-m", "emulator.tools.rocegen"]
             recv = netns.popen(p.netns("west-host0"), gen + ["recv", "--qps", str(qps), "--timeout", "120",
                                                              "--idle", "1.0"],
                                cwd=REPO, stdout=subprocess.PIPE, text=True)
             assert recv.stdout.readline().strip() == "ready"
-            busy = busy_jiffies()
+            busy = cpu.read().busy
             send = netns.run(p.netns("east-host0"), gen + ["send", dst, "--qps", str(qps), "--packets",
                                                            str(packets // qps), "--payload", str(payload)],
                              timeout=600, cwd=REPO)
             sent = json.loads(send.stdout.strip().splitlines()[-1])
             got = json.loads(recv.communicate(timeout=200)[0].strip().splitlines()[-1])
             # The receiver's idle second at the end costs nothing: it waits in poll().
-            busy = busy_jiffies() - busy
+            busy = cpu.read().busy - busy
         finally:
             bp("down", "--name", NAME)
     pps = got["packets"] / got["first_to_last_s"] if got["first_to_last_s"] else 0.0

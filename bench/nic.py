@@ -22,8 +22,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from emulator import measure, plan, spec  # noqa: E402
-from emulator.nic import transfer  # noqa: E402
+from emulator.model import plan, spec
+from emulator.telemetry import measure
+from emulator.workload import transfer
 
 NAME = "bnic"
 SRC, DST = "east-host0", "west-host0"

@@ -1,7 +1,7 @@
 """Loss recovery on a 3,000 km path: selective repeat against go-back-N and its formula.
 
 The soft-NIC's own state machines (emulator/nic/rc.py, the code the NICs run) on a simulated
-path (emulator/nic/simnet.py): 15 ms one way, a 400 Mb/s bottleneck, each packet lost with
+path (emulator/tools/simnet.py): 15 ms one way, a 400 Mb/s bottleneck, each packet lost with
 probability p in each direction. Time is simulated, so the figures are the protocols', not this
 machine's CPU's; the real fabric's figures (VM tier, `run transfer`) are in the closing notes.
 
@@ -23,9 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from emulator.nic import rc  # noqa: E402
-from emulator.nic.simnet import DROP, Net, pair  # noqa: E402
-from emulator.nic.transfer import PKT_WIRE, _config  # noqa: E402
+from emulator.tools.simnet import DROP, Net, pair
+from emulator.workload.worker import _config, PKT_WIRE
 
 RATE = 400e6
 ONE_WAY = 0.015

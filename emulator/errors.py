@@ -12,6 +12,13 @@ class BackplaneError(Exception):
     exit_code = 1
 
 
+class UsageError(BackplaneError):
+    """A command was asked for something that cannot be (a host that is not one, a size of 0):
+    refused before any work starts."""
+
+    exit_code = 2
+
+
 class SpecError(BackplaneError):
     """A topology file is malformed: names the file, the key path and what is wrong."""
 

@@ -60,14 +60,14 @@ say "RoCEv2 load across the DCs: 4 host pairs x 16 QPs, the switches' eBPF hashi
 "$bp" set-hash --name "$name" qpn
 tmp=$(mktemp -d)
 for i in 0 1 2 3; do
-  "$bp" exec --name "$name" "west-host$i" -- "$py" -m emulator.rocegen recv --qps 16 --timeout 120 --idle 5 \
+  "$bp" exec --name "$name" "west-host$i" -- "$py" -m emulator.tools.rocegen recv --qps 16 --timeout 120 --idle 5 \
     > "$tmp/recv$i" &
 done
 for i in 0 1 2 3; do  # each receiver says "ready" once bound
   for _ in $(seq 600); do grep -q ready "$tmp/recv$i" 2>/dev/null && break; sleep 0.1; done
 done
 for i in 0 1 2 3; do
-  "$bp" exec --name "$name" "east-host$i" -- "$py" -m emulator.rocegen send "198.18.$((2 + i / 2)).$((2 + i % 2))" \
+  "$bp" exec --name "$name" "east-host$i" -- "$py" -m emulator.tools.rocegen send "198.18.$((2 + i / 2)).$((2 + i % 2))" \
     --qps 16 --packets 20 --payload 1024 --pps 400 --sport pair --pair-id "$i" > "$tmp/send$i" &
 done
 wait

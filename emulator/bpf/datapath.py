@@ -13,17 +13,18 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from .. import capabilities, netns
-from ..errors import CapabilityError, FabricError
-from . import structs as S
-from .syscall import BpfError, load_xdp_frags, prog_id
+from emulator import REPO
+from emulator.bpf import structs as S
+from emulator.bpf.syscall import BpfError, load_xdp_frags, prog_id
+from emulator.errors import CapabilityError, FabricError
+from emulator.fabric import capabilities, netns
+from emulator.nic import wire
 
-EBPF_DIR = Path(__file__).resolve().parents[2] / "ebpf"
+EBPF_DIR = REPO / "ebpf"
 # One program per file; concatenated into one compilation unit so that they share their maps
 # (bcc gives its own section only to functions of the main text, so they are joined, not
 # #included).
@@ -37,10 +38,8 @@ XDP_FLAGS_DRV_MODE = 1 << 2
 # IFLA_XDP_ATTACHED for native (driver) mode: pyroute2 decodes XDP_ATTACHED_DRV (1) as "xdp".
 XDP_ATTACHED_DRV = (1, "xdp")
 
-# QoS policy by DSCP, as production RoCE fabrics set it: data on the lossless priority, CNPs
-# on a high one, everything else lossy.
-DSCP_ROCE = 26
-DSCP_CNP = 48
+# The priorities of the wire's QoS policy (nic.wire.DSCP_*): data on the lossless priority the
+# topology names, CNPs on a high one, everything else lossy.
 PRIO_CNP = 6
 PRIO_LOSSY = 0
 
@@ -104,14 +103,28 @@ class Datapath:
     def table(self, name: str):
         return self.bpf[name]
 
-    def set_config(self, hash_mode: str, kmin: int, kmax: int, pmax: float) -> None:
-        cfg = S.Config(S.HASH_MODES[hash_mode], kmin, kmax, min(S.PROB_ONE, round(pmax * S.PROB_ONE)))
+    def config(self) -> S.Config:
+        return self.bpf["bp_config"][ct.c_int(0)]
+
+    def set_hash(self, hash_mode: str) -> None:
+        """The ECMP hash mode; the ECN thresholds that share its map entry stay as they are."""
+        cfg = self.config()
+        cfg.hash_mode = S.HASH_MODES[hash_mode]
+        self.bpf["bp_config"][ct.c_int(0)] = cfg
+
+    def set_ecn(self, kmin: int, kmax: int, pmax: float) -> None:
+        """WRED's thresholds (bytes of the port's queue) and marking probability at kmax; the
+        hash mode that shares their map entry stays as it is."""
+        if not 0 <= kmin <= kmax:
+            raise FabricError(f"ECN thresholds kmin {kmin} and kmax {kmax}: need 0 <= kmin <= kmax")
+        cfg = self.config()
+        cfg.kmin, cfg.kmax, cfg.pmax = kmin, kmax, min(S.PROB_ONE, round(pmax * S.PROB_ONE))
         self.bpf["bp_config"][ct.c_int(0)] = cfg
 
     def set_dscp_prio(self, lossless_prio: int) -> None:
         t = self.bpf["bp_dscp_prio"]
         for dscp in range(64):
-            prio = lossless_prio if dscp == DSCP_ROCE else PRIO_CNP if dscp == DSCP_CNP else PRIO_LOSSY
+            prio = lossless_prio if dscp == wire.DSCP_DATA else PRIO_CNP if dscp == wire.DSCP_CNP else PRIO_LOSSY
             t[ct.c_int(dscp)] = ct.c_uint32(prio)
 
     def set_port(self, ifindex: int, port: S.Port) -> None:

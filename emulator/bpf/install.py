@@ -10,11 +10,11 @@ from typing import Mapping
 
 from pyroute2 import IPRoute
 
-from ..errors import FabricError
-from ..plan import SWITCH_ROLES, FabricPlan, Port, Shaping
-from ..spec import FabricSpec
-from . import structs as S
-from .datapath import Datapath
+from emulator.bpf import structs as S
+from emulator.bpf.datapath import Datapath
+from emulator.errors import FabricError
+from emulator.model.plan import FabricPlan, Port, Shaping, SWITCH_ROLES
+from emulator.model.spec import FabricSpec
 
 
 def port_entry(plan: FabricPlan, port: Port, loss_in_ebpf: bool = False) -> S.Port:
@@ -37,10 +37,11 @@ def port_entry(plan: FabricPlan, port: Port, loss_in_ebpf: bool = False) -> S.Po
                   shaped.rate_bps // 8 if shaped else 0)
 
 
-def config(datapath: Datapath, spec: FabricSpec, hash_mode: str | None = None) -> None:
-    """The hash mode and the ECN thresholds the switches mark with: the topology's ``ecn``, or
-    its DCQCN profile's, or the paper's (spec.ecn has them resolved), scaled."""
-    datapath.set_config(hash_mode or spec.ecmp.hash, *spec.emulated_ecn())
+def config(datapath: Datapath, spec: FabricSpec) -> None:
+    """The topology's hash mode and the ECN thresholds the switches mark with: the topology's
+    ``ecn``, or its DCQCN profile's, or the paper's (spec.ecn has them resolved), scaled."""
+    datapath.set_hash(spec.ecmp.hash)
+    datapath.set_ecn(*spec.emulated_ecn())
 
 
 def program(datapath: Datapath, plan: FabricPlan, loss_in_ebpf: bool = False) -> int:
@@ -73,3 +74,16 @@ def attach(datapath: Datapath, plan: FabricPlan, iproutes: Mapping[str, IPRoute]
         got = iproutes[port.node].link_lookup(ifname=port.ifname)
         if got != [port.ifindex]:
             raise FabricError(f"{plan.netns(port.node)}:{port.ifname} has ifindex {got}, the plan says {port.ifindex}")
+
+
+def build(plan: FabricPlan, iproutes: Mapping[str, IPRoute], loss_in_ebpf: bool) -> Datapath:
+    """Load the programs, write the plan into their maps and attach them to every port of a
+    built fabric (the Fabric's datapath_builder); on any failure free what was loaded."""
+    datapath = Datapath()
+    try:
+        program(datapath, plan, loss_in_ebpf=loss_in_ebpf)
+        attach(datapath, plan, iproutes)
+    except BaseException:
+        datapath.close()
+        raise
+    return datapath

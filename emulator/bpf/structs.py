@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import ctypes as ct
 
-ROCE_PORT = 4791
+from emulator.model import spec
+from emulator.nic import wire
+
+ROCE_PORT = wire.ROCE_PORT  # bp_consts.h's BP_ROCE_PORT (tests/datapath checks it)
 MAX_IFINDEX = 4096
 MAX_NEXTHOPS = 16
 NUM_PRIO = 8
@@ -16,7 +19,8 @@ MAX_ROUTES = 16384
 META_MAGIC = 0x42504D31
 PROB_ONE = 65536
 
-HASH_MODES = {"five-tuple": 0, "qpn": 1, "qpn-psn": 2, "ev": 3}
+# The hash modes by their number in bp_consts.h (BP_HASH_*).
+HASH_MODES = {mode: i for i, mode in enumerate(spec.HASH_MODES)}
 
 PORT_SWITCH = 1
 PORT_PEER_TBF = 2

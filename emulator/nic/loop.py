@@ -10,7 +10,7 @@ switches hash), sending ECT(0) with DF. A token bucket at the host link's rate s
 the NIC's serialiser, so the host's small egress queue is never overrun; ``QueuePair.pace`` is
 the per-QP hook DCQCN drives.
 
-Time: the loop's protocol clock is virtual, wall time / ``dilation`` (emulator/timemodel.py), so
+Time: the loop's protocol clock is virtual, wall time / ``dilation`` (emulator/model/timemodel.py), so
 RTOs, RTT samples, DCQCN's timers and CNP spacing, and pacing all run in the real fabric's
 units, and the loop's own millisecond of lag counts as d times less against them. Rates are
 emulated bytes per virtual second (the real rate x scale x dilation) and bytes are emulated
@@ -33,9 +33,11 @@ import struct
 import time
 from dataclasses import asdict, dataclass, field
 
-from . import dcqcn, wire
-from .memory import ProtectionDomain
-from .rc import CompletionQueue, QpConfig, QueuePair
+from emulator.nic import dcqcn, wire
+from emulator.nic.memory import ProtectionDomain
+from emulator.nic.rc import CompletionQueue, QpConfig, QueuePair
+from emulator.nic.wire import CE, DSCP_CNP, DSCP_DATA, ECT0
+from emulator.stats import summary
 
 SO_NO_CHECK = 11  # RoCEv2 sends UDP checksum 0
 IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2  # DF on every datagram (and so IP ID 0 when unconnected)
@@ -44,9 +46,6 @@ SO_RCVBUFFORCE = 33  # root may exceed net.core.rmem_max (Python does not name i
 SO_RXQ_OVFL = 40  # the kernel tells us how many datagrams it dropped on a full receive buffer
 SO_TIMESTAMPNS = 35  # each datagram's arrival time: the NP spaces CNPs by when packets arrived,
 _TIMESPEC = struct.Struct("=qq")  # not by when a busy loop got round to reading them
-DSCP_DATA = 26
-DSCP_CNP = 48  # CNPs go out non-ECT with DSCP 48, as NICs send them
-ECT0, CE = 0b10, 0b11
 SPORT_BASE = 49152  # RoCEv2 source ports come from the dynamic range
 QPN_BASE = 0x100
 RX_BATCH = 128  # datagrams read per turn before anything is sent
@@ -401,16 +400,9 @@ class SoftNic:
     def stats(self) -> dict:
         return {"rx_packets": self.counters.rx_packets, "tx_packets": self.counters.tx_packets,
                 "rx_ce": self.counters.rx_ce, "socket_overflow": self.counters.socket_overflow,
-                "dropped": dict(self.counters.dropped), "cnp_delay_s": _summary(self.cnp_delays),
-                "cnp_reaction_s": _summary(self.cnp_reactions), "cnp_late_s": _summary(self.cnp_late),
-                "reaction_late_s": _summary(self.reaction_late)}
-
-
-def _summary(xs: list[float]) -> dict | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    return {"count": len(s), "p50": s[len(s) // 2], "p90": s[int(len(s) * 0.9)], "max": s[-1]}
+                "dropped": dict(self.counters.dropped), "cnp_delay_s": summary(self.cnp_delays),
+                "cnp_reaction_s": summary(self.cnp_reactions), "cnp_late_s": summary(self.cnp_late),
+                "reaction_late_s": summary(self.reaction_late)}
 
 
 PR_SET_TIMERSLACK = 29

@@ -25,14 +25,13 @@ its PSN is the next expected one, so duplicates and replays never write.
 from __future__ import annotations
 
 import heapq
-import struct
 from bisect import bisect_right
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from . import wire
-from .memory import REMOTE_WRITE, AccessError, ProtectionDomain
-from .wire import PSN_MOD, Aeth, Packet, psn_diff
+from emulator.nic import wire
+from emulator.nic.memory import AccessError, ProtectionDomain, REMOTE_WRITE
+from emulator.nic.wire import Aeth, Packet, psn_diff, PSN_MOD
 
 MODES = ("selective", "go-back-n")
 
@@ -46,10 +45,7 @@ RETRY_EXC_ERR = "retry_exceeded"
 RNR_RETRY_EXC_ERR = "rnr_retry_exceeded"
 WR_FLUSH_ERR = "flushed"
 
-_BTH = struct.Struct("!BBHII")
-_RETH = struct.Struct("!QII")
-_IMM = struct.Struct("!I")
-_ACK = struct.Struct("!BBHIII")  # BTH + AETH
+_BTH, _RETH, _IMM, _ACK = wire.BTH_STRUCT, wire.RETH_STRUCT, wire.IMM_STRUCT, wire.BTH_AETH_STRUCT
 _PAD = (b"", b"\0", b"\0\0", b"\0\0\0")
 _OP_FIRST, _OP_MIDDLE, _OP_LAST, _OP_LAST_IMM, _OP_ONLY, _OP_ONLY_IMM = range(6)
 _SEND_BASE, _WRITE_BASE = wire.SEND_FIRST, wire.WRITE_FIRST

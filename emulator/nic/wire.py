@@ -11,6 +11,11 @@ import zlib
 from dataclasses import dataclass
 
 ROCE_PORT = 4791
+# The QoS policy by DSCP, as production RoCE fabrics set it: data on the lossless priority,
+# CNPs on a strict-priority class of their own; the switches map these (bpf.datapath).
+DSCP_DATA = 26
+DSCP_CNP = 48  # CNPs go out non-ECT with DSCP 48, as NICs send them
+ECT0, CE = 0b10, 0b11  # the IP header's ECN field: data is sent ECN-capable; switches mark CE
 PSN_MOD = 1 << 24
 QPN_MASK = 0xFFFFFF
 PKEY_DEFAULT = 0xFFFF
@@ -50,10 +55,14 @@ NAK_REMOTE_OPERATIONAL_ERROR = 0x63
 NAK_INVALID_RD_REQUEST = 0x64
 
 BTH_LEN, RETH_LEN, AETH_LEN, IMM_LEN = 12, 16, 4, 4
-_BTH = struct.Struct("!BBHII")
-_RETH = struct.Struct("!QII")
-_AETH = struct.Struct("!I")
-_IMM = struct.Struct("!I")
+# The headers' layouts, the one definition in Python (ebpf/include/bp_parse.h's struct bp_bth is
+# checked against BTH_STRUCT by tests/datapath): opcode, flags (SE, M, PadCnt, TVer), P_Key,
+# FECN|BECN|resv + DestQP, AckReq|resv + PSN; then VA, R_Key, length; AETH; immediate data.
+BTH_STRUCT = struct.Struct("!BBHII")
+RETH_STRUCT = struct.Struct("!QII")
+AETH_STRUCT = struct.Struct("!I")
+IMM_STRUCT = struct.Struct("!I")
+BTH_AETH_STRUCT = struct.Struct("!BBHIII")  # an ACK's transport header, packed in one call
 
 
 class Malformed(ValueError):
@@ -82,13 +91,13 @@ class Bth:
         flags = (self.solicited << 7) | (self.migreq << 6) | ((self.padcount & 3) << 4) | (self.tver & 0xF)
         qpn = (self.fecn << 31) | (self.becn << 30) | (self.dqpn & QPN_MASK)
         psn = (self.ackreq << 31) | (self.psn & QPN_MASK)
-        return _BTH.pack(self.opcode, flags, self.pkey, qpn, psn)
+        return BTH_STRUCT.pack(self.opcode, flags, self.pkey, qpn, psn)
 
     @classmethod
     def unpack(cls, data: bytes | memoryview) -> "Bth":
         if len(data) < BTH_LEN:
             raise Malformed("truncated", f"{len(data)} bytes, a BTH needs {BTH_LEN}")
-        opcode, flags, pkey, qpn, psn = _BTH.unpack_from(data)
+        opcode, flags, pkey, qpn, psn = BTH_STRUCT.unpack_from(data)
         return cls(opcode, qpn & QPN_MASK, psn & QPN_MASK, bool(flags >> 7), bool(flags >> 6 & 1),
                    flags >> 4 & 3, flags & 0xF, pkey, bool(qpn >> 31), bool(qpn >> 30 & 1), bool(psn >> 31))
 
@@ -100,7 +109,7 @@ class Reth:
     length: int
 
     def pack(self) -> bytes:
-        return _RETH.pack(self.va, self.rkey, self.length)
+        return RETH_STRUCT.pack(self.va, self.rkey, self.length)
 
 
 @dataclass(frozen=True)
@@ -109,7 +118,7 @@ class Aeth:
     msn: int
 
     def pack(self) -> bytes:
-        return _AETH.pack((self.syndrome << 24) | (self.msn & QPN_MASK))
+        return AETH_STRUCT.pack((self.syndrome << 24) | (self.msn & QPN_MASK))
 
     @property
     def is_ack(self) -> bool:
@@ -145,7 +154,7 @@ def build(bth: Bth, payload: bytes = b"", reth: Reth | None = None, aeth: Aeth |
     if reth is not None:
         out += reth.pack()
     if imm is not None:
-        out += _IMM.pack(imm)
+        out += IMM_STRUCT.pack(imm)
     if aeth is not None:
         out += aeth.pack()
     if op == CNP:
@@ -213,13 +222,13 @@ def parse(transport: bytes | memoryview, ip_header: bytes | None = None, udp_hea
     pos = BTH_LEN
     reth = aeth = imm = None
     if op in WITH_RETH:
-        reth = Reth(*_RETH.unpack_from(data, pos))
+        reth = Reth(*RETH_STRUCT.unpack_from(data, pos))
         pos += RETH_LEN
     if op in WITH_IMM:
-        imm = _IMM.unpack_from(data, pos)[0]
+        imm = IMM_STRUCT.unpack_from(data, pos)[0]
         pos += IMM_LEN
     if op in WITH_AETH:
-        word = _AETH.unpack_from(data, pos)[0]
+        word = AETH_STRUCT.unpack_from(data, pos)[0]
         aeth = Aeth(word >> 24, word & QPN_MASK)
         pos += AETH_LEN
     if op == CNP:

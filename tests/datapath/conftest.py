@@ -13,9 +13,9 @@ if os.geteuid() != 0:
 
 from pyroute2 import IPRoute  # noqa: E402
 
-from emulator import netns  # noqa: E402
-from emulator.bpf import structs as S  # noqa: E402
-from emulator.bpf.datapath import Datapath  # noqa: E402
+from emulator.bpf import structs as S
+from emulator.bpf.datapath import Datapath
+from emulator.fabric import netns
 
 NS = f"bp-probe-dp{os.getpid()}"
 IN_PORT, PEER_PORT = 201, 202  # a switch port and the port at the other end of its wire
@@ -54,7 +54,8 @@ def ns():
 @pytest.fixture
 def programmed(dp, ns):
     """Maps as user space writes them for one switch port with an 8-way route to 198.18.1.0/24."""
-    dp.set_config("qpn", kmin=8000, kmax=24000, pmax=0.2)
+    dp.set_hash("qpn")
+    dp.set_ecn(kmin=8000, kmax=24000, pmax=0.2)
     dp.set_dscp_prio(3)
     dp.set_port(IN_PORT, S.Port(NODE_ID, S.PORT_SWITCH, 0, 32000, S.mac_bytes(MAC_IN), S.mac_bytes(MAC_PEER)))
     dp.set_port(FIBER_PORT, S.Port(NODE_ID + 1, 0, IN_PORT, 0, S.mac_bytes(MAC_PEER), S.mac_bytes(MAC_IN)))

@@ -6,9 +6,9 @@ import ctypes as ct
 
 import pytest
 
-from emulator import spec
-from emulator.bpf import install
-from emulator.bpf import structs as S
+from emulator.bpf import install, structs as S
+from emulator.errors import FabricError
+from emulator.model import spec
 
 BASE = """version: 1
 scale: 0.001
@@ -44,7 +44,7 @@ def test_port_entry_carries_the_rate_of_the_queue_it_sees_drain(shaper):
     """A port times the dequeues of its peer's egress against that egress's emulated rate, in
     bytes/s; where no shaped switch queue drains into it (a switch's peer is a host) it times
     nothing."""
-    from emulator import plan
+    from emulator.model import plan
 
     p = plan.build(spec.parse(BASE + f"shaper: {shaper}\n"), "tpace")
     timed = 0
@@ -58,3 +58,19 @@ def test_port_entry_carries_the_rate_of_the_queue_it_sees_drain(shaper):
         else:
             assert entry.peer_queue == 0 and entry.peer_rate == 0 and not entry.flags & S.PORT_PEER_TBF
     assert timed > 0
+
+
+def test_the_hash_mode_and_the_ecn_thresholds_are_set_apart(dp):
+    before = _config(dp)
+    try:
+        dp.set_hash("five-tuple")
+        dp.set_ecn(1000, 5000, 0.5)
+        dp.set_hash("qpn-psn")  # as `backplane set-hash` does on a running fabric
+        assert _config(dp) == (S.HASH_MODES["qpn-psn"], 1000, 5000, S.PROB_ONE // 2)
+        dp.set_ecn(2000, 3000, 0.25)
+        assert _config(dp) == (S.HASH_MODES["qpn-psn"], 2000, 3000, S.PROB_ONE // 4)
+        with pytest.raises(FabricError, match="kmin 3000 and kmax 2000"):
+            dp.set_ecn(3000, 2000, 0.25)
+        assert _config(dp)[1:3] == (2000, 3000)
+    finally:
+        dp.bpf["bp_config"][ct.c_int(0)] = S.Config(*before)

@@ -10,11 +10,10 @@ import pytest
 from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
-from emulator.bpf import hashref
-from emulator.bpf import structs as S
+from emulator.bpf import hashref, structs as S
 from emulator.bpf.datapath import TC_EGRESS_PROG, TC_INGRESS_PROG, XDP_PROG
 from emulator.bpf.syscall import prog_test_run
-from emulator import netns
+from emulator.fabric import netns
 
 from .conftest import FIBER_PORT, IN_PORT, MAC_IN, MAC_PEER, NEXT_HOPS, NODE_ID, NS, reset_port, skb_ctx, xdp_ctx
 
@@ -125,7 +124,7 @@ def test_non_switch_port_only_counts_the_dequeue(programmed):
 @pytest.mark.parametrize("mode", list(S.HASH_MODES))
 def test_kernel_hash_equals_python_reference(programmed, mode):
     """10,000 random RoCEv2 packets per mode: the program's hash and choice equal hashref's."""
-    programmed.set_config(mode, 8000, 24000, 0.2)
+    programmed.set_hash(mode)
     rng = random.Random(f"hash-{mode}")
     for _ in range(10_000):
         src = f"198.18.{rng.randrange(256)}.{rng.randrange(1, 255)}"

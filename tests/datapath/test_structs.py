@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import ctypes as ct
+import struct
+
+import pytest
 
 from emulator.bpf import structs as S
+from emulator.bpf.datapath import EBPF_DIR
+from emulator.nic import wire
 
 
 def layout(cls) -> list[tuple[str, int, int]]:
@@ -21,7 +26,7 @@ def test_mirrors_match_the_compiled_structs(dp):
 
 
 def test_constants_match():
-    text = (S.__file__.rsplit("/emulator/", 1)[0] + "/ebpf/include/bp_consts.h")
+    text = EBPF_DIR / "include" / "bp_consts.h"
     consts = {}
     for line in open(text):
         parts = line.split()
@@ -44,3 +49,37 @@ def test_constants_match():
     assert consts["BP_PACING_GAP_MAX"] == S.PACING_GAP_MAX
     modes = {"five-tuple": "BP_HASH_FIVE_TUPLE", "qpn": "BP_HASH_QPN", "qpn-psn": "BP_HASH_QPN_PSN", "ev": "BP_HASH_EV"}
     assert {m: consts[c] for m, c in modes.items()} == S.HASH_MODES
+
+
+# Structs no map holds, compiled into maps of their own so bcc shows their layout: the XDP->tc
+# metadata (mirrored by S.Meta) and the BTH the parser reads (the wire's BTH_STRUCT in Python).
+LAYOUT_PROBE = """
+#include <linux/types.h>
+#include "bp_structs.h"
+#include "bp_parse.h"
+BPF_ARRAY(meta_layout, struct bp_meta, 1);
+BPF_ARRAY(bth_layout, struct bp_bth, 1);
+"""
+
+
+@pytest.fixture(scope="module")
+def probe():
+    from bcc import BPF
+
+    b = BPF(text=LAYOUT_PROBE, cflags=[f"-I{EBPF_DIR / 'include'}", "-Wno-unused-function"])
+    yield b
+    b.cleanup()
+
+
+def test_meta_mirror_matches_the_compiled_struct(probe):
+    theirs = probe["meta_layout"].Leaf
+    assert ct.sizeof(theirs) == ct.sizeof(S.Meta)
+    assert layout(theirs) == layout(S.Meta)
+
+
+def test_the_parsers_bth_has_the_wires_layout(probe):
+    theirs = probe["bth_layout"].Leaf
+    sizes = [struct.calcsize("!" + c) for c in wire.BTH_STRUCT.format.lstrip("!")]
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    assert ct.sizeof(theirs) == wire.BTH_STRUCT.size == wire.BTH_LEN
+    assert [(off, size) for _, off, size in layout(theirs)] == list(zip(offsets, sizes))

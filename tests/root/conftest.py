@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from emulator import client, measure, telemetry
-from emulator import clean as clean_mod
+from emulator.control import clean as clean_mod, client
+from emulator.telemetry.cpu import CpuWatch, STEAL_LIMIT
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGIES = REPO / "topologies"
@@ -39,9 +39,9 @@ def wait_for_quiet(budget_s: float, window_s: float = 0.5) -> None:
     last tens of seconds), or when the budget is spent; the next run is judged on its own."""
     deadline = time.monotonic() + budget_s
     while time.monotonic() < deadline:
-        cpu = measure.CpuWatch()
+        watch = CpuWatch()
         time.sleep(window_s)  # the window the steal is measured over
-        if cpu.steal() < telemetry.STEAL_LIMIT:
+        if watch.steal() < STEAL_LIMIT:
             return
 
 

@@ -10,7 +10,7 @@ check, on the wire and in the queue:
     without DCQCN fills the buffer and drops;
   - over the second half of the time all four sent, queue percentiles, drops, utilisation and
     Jain's index agree with the reference model of the same scenario and parameters
-    (emulator/reference/incast.py, compared by emulator/modelcheck.py within the tolerances
+    (emulator/reference/incast.py, compared by emulator/telemetry/modelcheck.py within the tolerances
     stated there);
   - the run's fidelity verdict: a run the monitor says was not faithful because the machine
     was taken from it (hypervisor steal, CPU pressure from outside) proves nothing about DCQCN
@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from emulator import modelcheck
+from emulator.telemetry import modelcheck
 
 from .conftest import TOPOLOGIES, bp, bp_json, nothing_left
 

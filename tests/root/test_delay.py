@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emulator import capabilities
+from emulator.fabric import capabilities
 
 from .conftest import TOPOLOGIES, bp, bp_json
 

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from emulator import netns, plan as plan_mod, spec
-from emulator.nic import transfer
+from emulator.fabric import netns
+from emulator.model import plan as plan_mod, spec
+from emulator.workload import transfer
 from .conftest import TOPOLOGIES, bp_json, stolen, wait_for_quiet, watch
 
 SRC, DST = "east-host0", "west-host0"
@@ -49,7 +50,7 @@ def fuzz_during_transfer(name: str, fabric_plan: plan_mod.FabricPlan) -> tuple:
 
     mover = threading.Thread(target=move)
     mover.start()
-    fuzz = netns.run(fabric_plan.netns(SRC), [sys.executable, "-m", "emulator.nic.fuzz", "--src", src_ip, "--dst",
+    fuzz = netns.run(fabric_plan.netns(SRC), [sys.executable, "-m", "emulator.tools.fuzz", "--src", src_ip, "--dst",
                                               dst_ip, "--count", str(FUZZ), "--pps", str(FUZZ_PPS)], timeout=600)
     fuzz_ended = time.monotonic()
     mover.join(timeout=900)

@@ -3,7 +3,6 @@ lossy long-haul path, and packets that tshark and scapy decode as RoCEv2 with co
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP
 from scapy.utils import rdpcap
 
-from emulator import capabilities, netns
+from emulator.fabric import capabilities, netns
 from .conftest import TOPOLOGIES, bp_json
 
 SRC, DST = "east-host0", "west-host0"

@@ -9,7 +9,7 @@ import pytest
 
 from emulator.nic import dcqcn, wire
 from emulator.nic.loop import SoftNic
-from emulator.nic.rc import SUCCESS, QpConfig
+from emulator.nic.rc import QpConfig, SUCCESS
 
 
 def _loopback(addr: str) -> bool:

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from emulator import plan, spec
 from emulator.errors import BackplaneError
+from emulator.model import plan, spec
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 
@@ -154,7 +154,7 @@ def test_fabric_names_are_checked(bad):
 def test_ports_have_unique_ifindexes_and_switch_queues_hold_more_than_their_buffer():
     """The eBPF maps key ports by ifindex across all namespaces; the qdisc must never drop
     before the egress program's tail drop at the buffer."""
-    from emulator.plan import SWITCH_ROLES, Shaping
+    from emulator.model.plan import Shaping, SWITCH_ROLES
 
     s = spec.load(TOPOLOGIES / "cross-dc.yaml")
     p = plan.build(s, "t")
@@ -216,7 +216,7 @@ def test_hosts_egress_carries_the_dilated_in_dc_latency():
 
 def test_a_dilation_whose_wan_does_not_fit_in_memory_is_refused_with_the_one_that_fits():
     from emulator.errors import CapabilityError
-    from emulator.fabric import check_wan_memory
+    from emulator.fabric.checks import check_wan_memory
 
     faithful = plan.build(spec.with_dilation(spec.load(TOPOLOGIES / "cross-dc.yaml"), "faithful"), "t")
     # 8 paths x 2 ways x 400 Mb/s x 15 s = 12 GB in flight: not in 24 GB with its overhead.
@@ -228,3 +228,18 @@ def test_a_dilation_whose_wan_does_not_fit_in_memory_is_refused_with_the_one_tha
     assert 100 < fit < 1000
     check_wan_memory(plan.build(spec.with_dilation(faithful.spec, fit * 0.99), "t"), 24 * 10**9)  # that fits
     check_wan_memory(plan.build(spec.load(TOPOLOGIES / "cross-dc.yaml"), "t"), 24 * 10**9)  # realtime fits
+
+
+def test_link_between_finds_neighbours_and_long_haul_paths_and_names_what_is_wrong():
+    p = plan.build(spec.load(TOPOLOGIES / "cross-dc.yaml"))
+    port, peer, fiber = p.link_between("east-host0", "east-leaf0")
+    assert (port.node, peer.node, fiber) == ("east-host0", "east-leaf0", None)
+    port, peer, fiber = p.link_between("east-border0", "west-border0", 3)
+    assert (port.node, peer.node) == ("east-border0", "west-border0")
+    assert fiber is not None and p.node(fiber.node).role == "fiber" and p.node(fiber.node).index == 3
+    with pytest.raises(BackplaneError, match=r"no long-haul path 99 .*its paths: 0, 1, 2, 3, 4, 5, 6, 7"):
+        p.link_between("east-border0", "west-border0", 99)
+    with pytest.raises(BackplaneError, match="no node 'nowhere'"):
+        p.link_between("east-host0", "nowhere")
+    with pytest.raises(BackplaneError, match="are not neighbours"):
+        p.link_between("east-host0", "west-host0")

@@ -7,9 +7,9 @@ from dataclasses import asdict
 
 import pytest
 
-from emulator import modelcheck
 from emulator.nic import dcqcn
 from emulator.reference import incast as ref
+from emulator.telemetry import modelcheck
 
 LINES = (40e9, 100e9, 400e9)
 MODEL = {"paper": ref.paper, "nvidia": ref.nvidia, "hpcc-ns3": ref.hpcc_ns3}

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from emulator.nic import rc, wire
 from emulator.nic.memory import LOCAL_WRITE, REMOTE_READ
-from emulator.nic.simnet import DROP, DUP, LATE, Net, pair
+from emulator.tools.simnet import DROP, DUP, LATE, Net, pair
 
 MODES = rc.MODES
 

@@ -11,21 +11,19 @@ from dataclasses import replace
 
 import pytest
 
-from emulator.reference.incast import (
-    ALPHA,
-    DEC,
-    INC,
-    Dcqcn,
-    RateController,
-    Scenario,
-    ecn_probability,
-    hpcc_ns3,
-    hpcc_ns3_ecn,
-    nvidia,
-    off,
-    paper,
-    simulate,
-)
+from emulator.reference.incast import ALPHA
+from emulator.reference.incast import Dcqcn
+from emulator.reference.incast import DEC
+from emulator.reference.incast import ecn_probability
+from emulator.reference.incast import hpcc_ns3
+from emulator.reference.incast import hpcc_ns3_ecn
+from emulator.reference.incast import INC
+from emulator.reference.incast import nvidia
+from emulator.reference.incast import off
+from emulator.reference.incast import paper
+from emulator.reference.incast import RateController
+from emulator.reference.incast import Scenario
+from emulator.reference.incast import simulate
 
 FRAME = 4170
 G100 = 100e9

@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from emulator import spec
 from emulator.errors import SpecError
+from emulator.model import spec
 
 TOPOLOGIES = Path(__file__).resolve().parents[2] / "topologies"
 
@@ -120,6 +120,9 @@ ERRORS = [
     (with_("links.host", "100Mbps"), "links.host", "change scale"),
     (with_("wan.distance", "3000"), "wan.distance", "no unit"),
     (with_("wan.loss", "150%"), "wan.loss", "outside [0, 1]"),
+    (with_("wan.loss", 1), "wan.loss", "for one percent write '1%'"),
+    (with_("wan.overrides", {1: {"corruption": "100%"}}), "wan.overrides.1.corruption", "drop every packet"),
+    (with_("ecn", {"kmin": "200KB", "kmax": "5KB"}), "ecn.kmax", "kmax 5KB (set in ecn) is below kmin 200KB"),
     (with_("wan.paths", -3), "wan.paths", "at least 1"),
     (with_("wan.paths", "eight"), "wan.paths", "must be an integer"),
     (with_("wan.ber", 1e-9, with_("wan.corruption", 0.001)), "wan.ber", "not both"),
@@ -150,7 +153,7 @@ ERRORS = [
     (with_("addressing.links", "198.18.0.0/24"), "addressing.links", "overlaps"),
     (with_("ecmp.hash", "random"), "ecmp.hash", "must be one of"),
     (with_("ecmp.datapath", "ovs"), "ecmp.datapath", "must be one of"),
-    (with_("ecn.kmax", "1KB"), "ecn.kmax", "must not be below"),
+    (with_("ecn.kmax", "1KB"), "ecn.kmax", "is below kmin"),
     (with_("pfc.xon", "2MB"), "pfc.xon", "must not exceed"),
     (with_("pfc.enabled", "yes please"), "pfc.enabled", "true or false"),
     (with_("pfc.watchdog", {"action": "panic"}), "pfc.watchdog.action", "must be one of"),
@@ -206,6 +209,20 @@ def test_invalid_yaml_names_the_line():
 def test_top_level_must_be_a_mapping():
     with pytest.raises(SpecError, match=r"\(top level\): must be a mapping"):
         spec.parse("- 1\n- 2\n", "list.yaml")
+
+
+def test_a_key_given_twice_is_refused_with_both_lines():
+    text = ("version: 1\nscale: 0.001\ndatacenters:\n  - {name: east, spines: 1, leaves: 1, hosts_per_leaf: 2}\n"
+            "  - name: west\n    spines: 1\n    leaves: 1\n    spines: 2\n")
+    with pytest.raises(SpecError, match=r"dup.yaml: datacenters\[1\].spines: given twice \(lines 6 and 8\)"):
+        spec.parse(text, "dup.yaml")
+
+
+def test_a_binary_file_is_a_spec_error(tmp_path):
+    path = tmp_path / "image.yaml"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    with pytest.raises(SpecError, match="image.yaml: not a text file: byte 0x89 at offset 0"):
+        spec.load(path)
 
 
 def test_missing_file_is_a_spec_error(tmp_path):

@@ -1,8 +1,8 @@
 """The fidelity guard's verdict from two readings (no kernel needed)."""
 from __future__ import annotations
 
-from emulator.telemetry import Snapshot, assess
-from emulator.timemodel import TimeModel
+from emulator.model.timemodel import TimeModel
+from emulator.telemetry.ports import assess, Snapshot
 
 TM = TimeModel(0.001)
 
@@ -73,7 +73,7 @@ def test_a_port_with_too_few_busy_gaps_says_nothing():
 
 
 def test_a_sender_that_fell_behind_its_rate_is_not_faithful():
-    from emulator.fidelity import nic_pacing
+    from emulator.telemetry.fidelity import nic_pacing
 
     t = [i * 0.01 for i in range(12)]  # 10 ms samples of wall time
     rate = [4e8] * 12  # 400 Mb/s: 500 KB allowed per interval

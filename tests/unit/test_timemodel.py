@@ -1,7 +1,7 @@
 """The one clock: rates x scale, times x dilation, bytes x scale*dilation, and back for reports."""
 import pytest
 
-from emulator.timemodel import TimeModel
+from emulator.model.timemodel import TimeModel
 
 
 def test_presets():

@@ -1,6 +1,6 @@
 import pytest
 
-from emulator import units
+from emulator.model import units
 
 
 @pytest.mark.parametrize("text,bps", [

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator import vm
+from emulator.fabric import vm
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,217 @@
+"""``backplane measure`` and ``backplane run``: jobs on a running fabric."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import click
+
+from emulator import errors
+from emulator.cli.app import core, main, name_option, need_root
+from emulator.cli.text import format_transfer
+from emulator.control import client, state
+from emulator.fabric import capabilities, netns
+from emulator.telemetry import report
+from emulator.workload import transfer
+from emulator.model import plan as plan_mod, spec, units
+from emulator.telemetry.cpu import STEAL_LIMIT
+
+# Telemetry every this much wall time unless asked otherwise: the sampler's own cost bounds it.
+DEFAULT_SAMPLE_WALL_S = 0.010
+
+
+@main.group()
+def measure() -> None:
+    """Measure a running fabric."""
+
+
+@measure.command(name="link")
+@name_option
+@click.argument("src")
+@click.argument("dst")
+@click.option("--path", "path_index", type=int, default=None, help="Long-haul path between two borders.")
+@click.option("--seconds", type=float, default=1.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@core
+def measure_link(name: str, src: str, dst: str, path_index: int | None, seconds: float, as_json: bool) -> None:
+    """Blast UDP from SRC to its neighbour DST and report the rate that arrives vs the configured one."""
+    need_root("measure link")
+    from emulator.telemetry import measure as measure_mod
+
+    fabric = client.running(name)
+    fabric_plan = fabric.plan
+    port, peer, fiber = fabric_plan.link_between(src, dst, path_index)
+    result = measure_mod.link_rate(fabric_plan, src, dst, str(peer.address.ip), port.egress.rate_bps, seconds=seconds,
+                                   delay_port=fiber if fiber is not None and fabric.wan_delay else None)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    click.echo(f"{src} -> {dst} ({peer.address.ip}): {units.format_rate(result.wire_bps)} on the wire of "
+               f"{units.format_rate(result.configured_bps)} configured ({result.ratio:.3f}), "
+               f"{result.packets} packets in {seconds:g} s")
+    if result.delay_line_drops is not None:
+        click.echo(f"the path's delay line (netem on {fiber.node}) dropped {result.delay_line_drops} packets")
+    if result.cpu_steal > STEAL_LIMIT:
+        click.echo(f"WARNING: the hypervisor stole {result.cpu_steal:.0%} of this machine's CPU during the "
+                   "measurement; shapers stall with it, so this figure understates the link")
+
+
+@measure.command(name="loss")
+@name_option
+@click.argument("src")
+@click.argument("dst")
+@click.option("--path", "path_index", type=int, required=True, help="Long-haul path between the two borders.")
+@click.option("--count", type=int, default=5000, show_default=True, help="Packets to send.")
+@click.option("--pps", type=float, default=1000.0, show_default=True, help="Packets per second.")
+@click.option("--json", "as_json", is_flag=True)
+@core
+def measure_loss(name: str, src: str, dst: str, path_index: int, count: int, pps: float, as_json: bool) -> None:
+    """Send COUNT packets from border SRC to border DST over one long-haul path; report the loss."""
+    need_root("measure loss")
+    from emulator.telemetry import measure as measure_mod
+
+    fabric = client.running(name)
+    fabric_plan = fabric.plan
+    port, peer, fiber = fabric_plan.link_between(src, dst, path_index)
+    if fiber is None:
+        raise errors.BackplaneError(f"{src} and {dst} are not joined by long-haul path {path_index}")
+    if not fabric.wan_delay:
+        raise errors.CapabilityError(f"fabric {name!r} runs without its delay lines (--no-wan-delay), so its "
+                                     "long-haul paths have no netem and no configured loss",
+                                     "bring it up with the delay, on a kernel with sch_netem (backplane vm run)")
+    result = measure_mod.path_loss(fabric_plan, src, dst, str(peer.address.ip), fiber, fiber.egress.loss,
+                                   count=count, pps=pps)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    click.echo(f"{src} -> {dst} over path {path_index}: {result.received} of {result.sent} packets arrived, "
+               f"loss {result.observed:.4f} observed vs {result.configured:.4f} configured; "
+               f"the path's netem dropped {result.delay_line_drops}")
+
+
+@main.group(name="run")
+def run_group() -> None:
+    """Run a job on a running fabric."""
+
+
+@run_group.command(name="transfer")
+@name_option
+@click.argument("src")
+@click.argument("dst")
+@click.option("--size", default="64MB", show_default=True, help="Bytes to move from each sender, e.g. 256MB.")
+@click.option("--qps", type=click.IntRange(1, 1024), default=None, help="Queue pairs per sender [default: the topology's nic.qps_per_pair].")
+@click.option("--transport", type=click.Choice(spec.TRANSPORTS), default=None,
+              help="Loss recovery [default: the topology's nic.transport].")
+@click.option("--dcqcn", type=click.Choice(list(spec.DCQCN_PROFILES)), default=None,
+              help="DCQCN profile the NICs run [default: the topology's nic.dcqcn, with its overrides]. "
+                   "The switches keep the ECN thresholds the fabric was started with.")
+@click.option("--sample", default=None,
+              help="Telemetry period in the real fabric's time: QP rates, alpha and CNPs, and switch queues "
+                   "and marks (0: none) [default: 10 ms of wall time, whatever the dilation].")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Write a PNG of rate and queue depth over time here.")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
+              help="Give up after this many seconds.")
+@click.option("--json", "as_json", is_flag=True)
+@core
+def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, transport: str | None, dcqcn: str | None,
+                 sample: str | None, plot_path: str | None, timeout: float, as_json: bool) -> None:
+    """RDMA WRITE SIZE bytes from host SRC to host DST through the soft-NICs; report goodput,
+    completion time, retransmissions, timeouts and DCQCN's work, per QP, and check the data
+    arrived intact. SRC may name several hosts, comma-separated: they send at once (an incast),
+    and the report adds their fairness and the switch queues they built. Figures are the real
+    fabric's (times / dilation, rates / scale, bytes / scale*dilation); --json keeps the
+    emulated ones with the time model that converts them."""
+    need_root("run transfer")
+    try:
+        nbytes = units.parse_size(size)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--size")
+    if plot_path:
+        check_plot_path(plot_path)
+    fabric_plan = client.running(name).plan
+    fspec = fabric_plan.spec
+    try:
+        if sample is None:
+            period = DEFAULT_SAMPLE_WALL_S
+        else:
+            period = 0.0 if sample.strip() in ("0", "0s") else fspec.time.time(units.parse_duration(sample))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--sample")
+    qps = qps or fspec.nic.qps_per_pair
+    transport = transport or fspec.nic.transport
+    srcs = [h for h in src.split(",") if h]
+    transfer.check_request(fabric_plan, srcs, dst, nbytes, qps, transport, timeout, capabilities.mem_available())
+    sampler = (lambda: client.request(name, {"op": "sample"})) if fspec.ecmp.datapath == "ebpf" else None
+    marks: list[int] = []  # the fabric's guard watches the run from when the data starts
+
+    def started() -> None:
+        marks.append(client.request(name, {"op": "fidelity"})["mark"])
+
+    try:
+        r = transfer.run(fabric_plan, srcs, dst, nbytes, qps, transport, timeout=timeout,
+                         cc=transfer.choose_profile(fspec, dcqcn), sample_s=period, sampler=sampler,
+                         on_start=started)
+    except transfer.WorkerFailed as e:
+        gone = fabric_gone(name)
+        if gone:
+            raise errors.MeasurementError(f"fabric {name!r} went away during the transfer ({gone}); {e}") from None
+        raise
+    body = r.as_dict()
+    machine, lost = None, None
+    try:
+        machine = client.request(name, {"op": "fidelity", "since": marks[0]})["fidelity"]
+    except errors.BackplaneError as e:
+        lost = f"the fabric's controller did not answer after the transfer: {e}"
+    body["figures"] = {"ports": report.ports(body),
+                       "fairness": report.fairness(body, max(period, 10 * r.rtt_s)) if period else {},
+                       "reaction": report.reaction(body)}
+    body["fidelity"] = report.fidelity(body, machine)
+    if lost:
+        body["fidelity"]["machine_limits"].append(lost)
+    if plot_path:
+        report.plot(body, plot_path)
+    if as_json:
+        click.echo(json.dumps(body, indent=2))
+    else:
+        for line in format_transfer(body):
+            click.echo(line)
+        if plot_path:
+            click.echo(f"  plot: {plot_path}")
+    cut = body["telemetry"].get("ports_error")
+    if cut or lost:
+        raise errors.MeasurementError(f"the transfer ran ({'intact' if r.intact and r.complete else 'NOT intact'}), "
+                                      "but its switch figures are incomplete: "
+                                      f"{cut or lost}")
+    if not (r.intact and r.complete):
+        raise errors.MeasurementError("the transfer did not complete intact")
+
+
+def check_plot_path(path: str) -> None:
+    """Refuse a plot that could not be written, before the transfer runs."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise click.BadParameter(f"no folder {folder} to write {os.path.basename(path)} in", param_hint="--plot")
+    if not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"folder {folder} is not writable", param_hint="--plot")
+
+
+def fabric_gone(name: str, settle_s: float = 10.0) -> str | None:
+    """Why fabric ``name`` no longer answers (taken down, or its controller died), or None if
+    it does. A fabric being taken down stops answering before its namespaces are gone: give
+    it ``settle_s`` to say which."""
+    try:
+        client.request(name, {"op": "ping"}, timeout=settle_s)
+        return None
+    except errors.BackplaneError as e:
+        reason = str(e)
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline:
+        if not netns.names(plan_mod.prefix_of(name)):
+            return "taken down"
+        rec = state.read_record(name)
+        if rec is not None and not rec.alive():
+            return f"its controller (pid {rec.pid}) died"
+        time.sleep(0.1)
+    return reason

@@ -1,0 +1,237 @@
+"""The text the CLI prints for a fabric's status, its port figures and a transfer's report: pure
+functions of the JSON bodies the core returns (recorded ones in tests/unit/test_cli_text.py),
+every figure in the real fabric's units through the body's time model."""
+from __future__ import annotations
+
+from emulator.model import units
+from emulator.model.timemodel import TimeModel
+
+
+def egress_text(e: dict) -> str:
+    k = e.get("kernel", {})
+    if (e.get("configured") or {}).get("kind") == "none":
+        return f"NO DELAY LINE ({k.get('kind')}; --no-wan-delay)"
+    if k.get("kind") in ("htb", "tbf"):
+        conf = e.get("configured", {})
+        limit = k.get("limit_bytes", 0)
+        buffer = (f"buffer {units.format_size(conf['buffer_bytes'])} (eBPF tail drop; qdisc limit "
+                  f"{units.format_size(limit)})" if conf.get("buffer_bytes") not in (None, limit)
+                  else f"buffer {units.format_size(limit)}")
+        return (f"{k['kind']} {units.format_rate(k['rate_bps'])} (real {units.format_rate(conf.get('real_rate_bps'))}), "
+                f"{buffer}")
+    if k.get("kind") == "netem":
+        return (f"netem {units.format_duration(k['delay_s'])} loss {k['loss']:.3g} "
+                f"corrupt {k['corruption']:.3g} limit {k['limit_packets']}p")
+    return k.get("kind", "?")
+
+
+def format_status(body: dict) -> list[str]:
+    tm = time_model(body)
+    lines = [f"fabric {body['name']!r} from {body['topology']}  MTU {body['mtu']}  controller pid {body['controller_pid']}",
+             tm.line()]
+    for w in body["warnings"]:
+        lines.append(f"WARNING: {w}")
+    roles: dict[str, list[str]] = {}
+    for n in body["nodes"]:
+        roles.setdefault(n["role"], []).append(n["name"])
+    lines.append("nodes:")
+    for role, names in roles.items():
+        plural = {"leaf": "leaves"}.get(role, role + "s")
+        lines.append(f"  {plural:<8} {' '.join(names)}")
+    lines.append("links (egress as installed in the kernel):")
+    for link in body["links"]:
+        a, b = link["a"], link["b"]
+        head = f"  {link['kind']:<6} {a['node']}:{a['ifname']} <-> {b['node']}:{b['ifname']}"
+        lines.append(f"{head:<48} -> {egress_text(a)} | <- {egress_text(b)}")
+    if body["wan_paths"]:
+        lines.append("long-haul paths:")
+    for p in body["wan_paths"]:
+        delay = (f"{units.format_duration(p['one_way_delay_s'])} one way" if p["delay_emulated"]
+                 else f"NO DELAY (configured {units.format_duration(p['configured_one_way_delay_s'])}; --no-wan-delay)")
+        if p["delay_emulated"] and tm.dilation != 1:
+            delay += f" ({units.format_duration(p['wall_one_way_delay_s'])} of wall time)"
+        lines.append(f"  {p['fiber']:<5} {p['distance_m'] / 1e3:g} km  {units.format_rate(p['real_rate_bps'])} "
+                     f"(emulated {units.format_rate(p['rate_bps'])})  loss {p['loss']:.3g}"
+                     f"{' (eBPF)' if p.get('loss_by') == 'ebpf' else ''}  "
+                     f"corruption {p['corruption']:.3g}  {delay}")
+    cc = body.get("congestion")
+    if cc:
+        e = cc["ecn"]
+        over = ", ".join(f"{k}={v:g}" for k, v in cc["dcqcn_overrides"].items())
+        src = e["source"]
+        origin = src["kmin"] if len(set(src.values())) == 1 else ", ".join(f"{k} {v}" for k, v in src.items())
+        lines.append(f"congestion control: DCQCN {cc['dcqcn']}{f' ({over})' if over else ''}; switch ECN "
+                     f"Kmin {units.format_size(e['kmin'])} Kmax {units.format_size(e['kmax'])} Pmax {e['pmax']:.3g} "
+                     f"(emulated {units.format_size(e['emulated_kmin'])}/{units.format_size(e['emulated_kmax'])}; "
+                     f"from {origin})")
+    intra = body.get("intra_dc")
+    if intra:
+        applied = (f"held by netem on each host's egress ({units.format_duration(intra['wall_one_way_s'])} of wall "
+                   "time each way)" if intra["applied"] else
+                   f"NOT APPLIED ({intra['not_applied_because']}): the RTTs below are what the emulator itself gives")
+        lines.append(f"in-DC latency: {units.format_duration(intra['rtt_s'])} RTT real ({intra['cable_m']:g} m cables, "
+                     f"{units.format_duration(intra['switch_s'])} per switch); {applied}")
+    if body["rtt"]:
+        lines.append("RTT measured now:")
+    for r in body["rtt"]:
+        if "error" in r:
+            lines.append(f"  {r['scope']:<10} {r['src']} -> {r['dst']}: FAILED: {r['error']}")
+            continue
+        note = "" if body["wan_delay"] or r["scope"] != "cross-dc" else "  (NO WAN DELAY: not the real distance)"
+        real = lambda wall_s: units.format_duration(tm.real_time(wall_s))  # noqa: E731
+        wall = (f" [wall: avg {units.format_duration(r['avg_s'])} min {units.format_duration(r['min_s'])}]"
+                if tm.dilation != 1 else "")
+        lines.append(f"  {r['scope']:<10} {r['src']} -> {r['dst']} ({r['dst_address']}): "
+                     f"avg {real(r['avg_s'])} min {real(r['min_s'])} max {real(r['max_s'])} "
+                     f"({r['received']}/{r['sent']} replies); expected "
+                     f"{real(r['expected_s']) if r['expected_s'] else '~0'} propagation{note}{wall}")
+    return lines
+
+
+def time_model(body: dict) -> TimeModel:
+    return TimeModel.from_dict(body["time_model"])
+
+
+def format_transfer(body: dict) -> list[str]:
+    """The transfer in the real fabric's units: times / d, rates / s, bytes / (s*d)."""
+    r = body
+    tm = time_model(r)
+    line = r["line_rate_bps"]
+    dur = lambda wall_s: units.format_duration(tm.real_time(wall_s))  # noqa: E731
+    rate = lambda bps: units.format_rate(tm.real_rate(bps))  # noqa: E731
+    size = lambda nbytes: units.format_size(tm.real_size(nbytes))  # noqa: E731
+    lines = [tm.line(),
+             f"{r['src']} -> {r['dst']}: {size(r['size'])} per sender ({units.format_size(r['size'])} emulated) over "
+             f"{r['qps']} QPs each, {r['transport']}, RTT {dur(r['rtt_s'])}, line {rate(line)}",
+             f"  {'intact' if r['intact'] else 'NOT INTACT'}{'' if r['complete'] else ', INCOMPLETE'}: "
+             f"{dur(r['seconds'])} ({r['seconds']:.3f} s of wall time), goodput {rate(r['goodput_bps'])} "
+             f"({r['goodput_bps'] / line:.2f} of one host link), {r['data_packets']} packets, "
+             f"{r['retransmits']} retransmitted, {r['timeouts']} timeouts, {r['cnps']} CNPs",
+             f"  rate control: {r['rate_control']}"]
+    delay = r["receiver"]["nic"].get("cnp_delay_s")
+    if delay:
+        lines.append(f"  CNPs left the receiver {dur(delay['p50'])} (p50; p90 {dur(delay['p90'])}, max "
+                     f"{dur(delay['max'])}) after their marked packet arrived")
+    react = r.get("figures", {}).get("reaction")
+    if react:
+        p50s = react["p50_per_sender"]
+        if len(p50s) == 1:
+            lines.append(f"  the sender cut its rate {dur(p50s[0])} (p50; p90 {dur(react['p90_max'])}, max "
+                         f"{dur(react['max'])}) after a CNP arrived")
+        else:
+            lines.append(f"  senders cut their rates {dur(p50s[0])}-{dur(p50s[-1])} (p50 per sender; "
+                         f"p90 up to {dur(react['p90_max'])}) after a CNP arrived")
+    if len(r["flows"]) > 1:
+        lines.append(f"  {'sender':<16} {'start':>9} {'time':>9} {'goodput':>12} {'retx':>6} {'CNPs':>6}")
+        for f in r["flows"]:
+            lines.append(f"  {f['src']:<16} {dur(f['started_s']):>9} {dur(f['seconds']):>9} "
+                         f"{rate(f['goodput_bps']):>12} {f['retransmits']:>6} {f['cnps_received']:>6}")
+    lines.append(f"  {'QPN':>6} {'done':>9} {'packets':>8} {'retx':>6} {'t/o':>4} {'CNPs':>5} {'srtt':>9} {'rto':>9}")
+    for s in r["senders"]:
+        for q in s["qps"]:
+            done = dur(q["completed_s"]) if q["completed_s"] is not None else "-"
+            srtt = dur(q["srtt_s"]) if q["srtt_s"] else "-"
+            lines.append(f"  {q['qpn']:>#6x} {done:>9} {q['data_packets']:>8} {q['retransmits']:>6} {q['timeouts']:>4} "
+                         f"{q['cnps_received']:>5} {srtt:>9} {dur(q['rto_s']):>9}" + (f"  {q['error']}" if q["error"] else ""))
+    fig = r.get("figures", {})
+    fair = fig.get("fairness") or {}
+    if fair.get("jain"):
+        settled = (f"reached {0.95} after {dur(fair['fair_after_s'])} ({fair['fair_after_s'] / r['rtt_s']:.0f} RTTs) "
+                   "and stayed" if fair["fair_after_s"] is not None else "never stayed at 0.95 or above")
+        lines.append(f"  fairness (Jain, {dur(fair['window_s'])} windows while all sent): whole run "
+                     f"{fair['jain_whole']:.3f}, lowest window {fair['jain_min']:.3f}; {settled}")
+    if fig.get("ports"):
+        lines.append(f"  switch queues while all sent ({fig['ports'][0]['samples']} samples), real bytes:")
+        lines.append(f"    {'port':<22} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8} {'marks':>7} {'drops':>6} {'util':>5}")
+        for p in fig["ports"][:6]:
+            util = f"{p['utilisation']:.2f}" if p["utilisation"] is not None else "-"
+            lines.append(f"    {p['port']:<22} " + " ".join(f"{size(p[k]):>8}" for k in
+                                                           ("depth_p50", "depth_p90", "depth_p99", "depth_max"))
+                         + f" {p['ecn_marks']:>7} {p['buffer_drops']:>6} {util:>5}")
+    if r["telemetry"].get("ports_error"):
+        cut = r["telemetry"].get("ports_cut_off_s")
+        when = f" after {dur(cut)} of the run" if cut is not None else " before its first reading"
+        lines.append(f"  switch telemetry CUT OFF{when}: {r['telemetry']['ports_error']}; the switch "
+                     "figures above cover only the time before")
+    drops = {}
+    for s in r["senders"]:
+        drops.update(s["nic"]["dropped"])
+    drops.update({f"rx:{k}": v for k, v in r["receiver"]["nic"]["dropped"].items()})
+    if drops:
+        lines.append("  refused by the NICs: " + ", ".join(f"{k} {v}" for k, v in sorted(drops.items())))
+    sc = r.get("scenario") or {}
+    if sc and not sc.get("intra_dc_delay_applied"):
+        lines.append(f"  in-DC latency NOT APPLIED (no netem here, or below the emulator's own forwarding): the "
+                     f"path's RTT was {dur(r['rtt_s'])} against the topology's {units.format_duration(sc['intra_dc_rtt_s'])}")
+    lines += format_fidelity(r.get("fidelity"))
+    return lines
+
+
+def format_fidelity(f: dict | None) -> list[str]:
+    if not f:
+        return []
+    head = "faithful" if f["faithful"] else "NOT FAITHFUL: these figures include the emulator's own limits"
+    lines = [f"  fidelity: {head}"]
+    for x in f["findings"]:
+        lines.append(f"    {'ok ' if x['ok'] else 'NO '} {x['check']}: {x['message']}")
+    lines += [f"    NO  machine: {x}" for x in f["machine_limits"]]
+    return lines
+
+
+def format_stats(body: dict, prev: dict | None = None) -> list[str]:
+    """Switch ports first, then the long-haul paths' shares, then the fidelity verdict."""
+    interval = body["at"] - prev["at"] if prev else None
+    before = {(p["node"], p["ifname"]): p for p in prev["ports"]} if prev else {}
+    tm = time_model(body)
+    lines = [f"fabric {body['name']!r}  datapath {body['datapath']}  hash {body['hash']}", tm.line()]
+    if "counters" not in (body["ports"][0] if body["ports"] else {}):
+        lines.append("  (kernel datapath: no per-port eBPF counters; qdisc figures only)")
+    lines += format_port_table(body["ports"], tm, before, interval)
+    fid = body["fidelity"]
+    if fid["trustworthy"]:
+        lines.append(f"fidelity: ok over the last {fid['interval_s']:.1f} s (softirq {fid['softirq_share']:.0%} of CPU)")
+    else:
+        lines.append("fidelity: NOT TRUSTWORTHY: these figures include effects the topology does not model")
+        lines += [f"  - {limit}" for limit in fid["limits"]]
+    return lines
+
+
+def format_port_table(ports: list[dict], tm: TimeModel, before: dict | None = None,
+                      interval: float | None = None) -> list[str]:
+    """One line per switch port, then each border's RoCE packets per long-haul path; rates,
+    depths and the interval in the real fabric's units (``interval`` is wall seconds)."""
+    before = before or {}
+    rate = lambda bps: units.format_rate(tm.real_rate(bps))  # noqa: E731
+    size = lambda nbytes: units.format_size(tm.real_size(nbytes))  # noqa: E731
+    lines = []
+    head = (f"  {'port':<20} {'rate':>9} {'tx pkts':>9} {'tx now':>10} {'depth':>8} {'max':>8} {'marks':>7} "
+            f"{'buf drop':>8} {'bad pkt':>7} {'qdisc drop':>10}")
+    lines.append(head)
+    paths = []
+    for p in ports:
+        if p["role"] not in ("leaf", "spine", "border"):
+            continue
+        c = p.get("counters") or {}
+        q = p.get("queue") or {}
+        qd = p.get("qdisc") or {}
+        tx_now = ""
+        old = before.get((p["node"], p["ifname"]))
+        if old and interval and c:
+            tx_now = rate((c["tx_bytes"] - old["counters"]["tx_bytes"]) * 8 / interval)
+        bad = sum(v for k, v in c.items() if k.startswith("drop_") and k not in ("drop_buffer", "drop_loss"))
+        lines.append(
+            f"  {p['node'] + ':' + p['ifname']:<20} {rate(p['rate_bps'] or 0):>9} "
+            f"{c.get('tx_pkts', qd.get('packets', 0)):>9} {tx_now:>10} {size(q.get('depth_bytes', 0)):>8} "
+            f"{size(q.get('max_depth_bytes', 0)):>8} {c.get('ecn_marks', 0):>7} "
+            f"{c.get('drop_buffer', 0):>8} {bad:>7} {qd.get('drops', 0):>10}")
+        if "wan_path" in p:
+            paths.append(p)
+    sent = {}
+    for p in paths:
+        c = p.get("counters") or {}
+        sent.setdefault(p["node"], []).append((p["wan_path"], c.get("fwd_pkts", 0)))
+    for node, per_path in sent.items():
+        total = sum(n for _, n in per_path) or 1
+        shares = "  ".join(f"{i}:{n / total:.0%}" for i, n in sorted(per_path))
+        lines.append(f"  {node} RoCE packets per long-haul path: {shares}")
+    return lines

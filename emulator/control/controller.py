@@ -1,0 +1,262 @@
+"""The controller: the one process that owns a running fabric.
+
+``backplane up`` starts it detached; it builds the fabric, reports success or a typed error on
+a pipe, then serves JSON requests on a Unix socket until ``down`` or a signal, and tears the
+fabric down on the way out. Its node shells die with it; what a crash leaves behind, ``clean``
+finds by the fabric's prefix.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+
+from emulator import errors
+from emulator.bpf import install
+from emulator.control import state
+from emulator.fabric.build import Fabric
+from emulator.model import plan as plan_mod, spec
+from emulator.fabric import queues
+from emulator.model.plan import SWITCH_ROLES
+from emulator.telemetry import describe, ports as telemetry
+from emulator.telemetry.records import PortReading, PortSample
+
+PROTOCOL = 1
+MAX_REQUEST = 1 << 16
+
+
+class _Stop(BaseException):
+    """Raised in the main thread by SIGTERM/SIGINT: tear down and leave."""
+
+
+def _on_signal(signum, frame):  # noqa: ARG001
+    raise _Stop()
+
+
+def _error_payload(e: BaseException) -> dict:
+    if isinstance(e, errors.BackplaneError):
+        return {"ok": False, "error": str(e), "type": type(e).__name__, "exit_code": e.exit_code}
+    return {"ok": False, "error": f"{type(e).__name__}: {e}", "type": "FabricError",
+            "exit_code": errors.FabricError.exit_code}
+
+
+class Controller:
+    def __init__(self, fabric: Fabric, topology_text: str = "", topology_path: str = "",
+                 dilation: str | None = None) -> None:
+        self.fabric = fabric
+        self.plan = fabric.plan
+        self.topology_text, self.topology_path, self.dilation = topology_text, topology_path, dilation
+        self.started_at = time.time()
+        self.guard = None  # telemetry.FidelityGuard, from the first stats request on
+        self.hash_mode = self.plan.spec.ecmp.hash  # set_hash changes it while the fabric runs
+        self._switch_ports = None  # the ports "sample" reads, listed once
+        self._marks: dict[int, object] = {}  # fidelity marks a run is judged against later
+
+    def _guard(self) -> telemetry.FidelityGuard:
+        if self.guard is None:
+            self.guard = telemetry.FidelityGuard(self.fabric)
+        return self.guard
+
+    def _datapath(self):
+        if self.fabric.datapath is None:
+            raise errors.BackplaneError(f"fabric {self.plan.name!r} runs the kernel datapath (ecmp.datapath: kernel); "
+                                        "this needs the eBPF one")
+        return self.fabric.datapath
+
+    def handle(self, request: dict) -> tuple[dict, bool]:
+        """Answer one request; the bool says whether to stop serving afterwards."""
+        op = request.get("op")
+        handler = self.HANDLERS.get(op) if isinstance(op, str) else None
+        if handler is None:
+            raise errors.BackplaneError(f"unknown request {op!r}: this controller answers "
+                                        f"{', '.join(sorted(self.HANDLERS))}")
+        return handler(self, request), op == "down"
+
+    def _ping(self, request: dict) -> dict:
+        return {"ok": True, "protocol": PROTOCOL, "name": self.plan.name, "pid": os.getpid()}
+
+    def _status(self, request: dict) -> dict:
+        body = describe.fabric(self.fabric, measure_rtt=bool(request.get("rtt", True)))
+        body.update(controller_pid=os.getpid(), up_since=self.started_at)
+        return {"ok": True, "status": body}
+
+    def _plan(self, request: dict) -> dict:
+        """What the fabric was built from, so a client builds the very same plan: the topology
+        as it was read at ``up`` (the file may have changed since), and the dilation."""
+        return {"ok": True, "topology": self.topology_text, "source": self.topology_path,
+                "dilation": self.dilation, "name": self.plan.name, "wan_delay": self.fabric.wan_delay}
+
+    def _fidelity(self, request: dict) -> dict:
+        # A run's fidelity: {"op": "fidelity"} marks its start and answers the mark's id;
+        # {"op": "fidelity", "since": id} judges everything since (machine and dequeue pacing).
+        guard = self._guard()
+        if request.get("since") is None:
+            key = max(self._marks, default=0) + 1
+            self._marks[key] = guard.mark()
+            return {"ok": True, "mark": key}
+        mark = self._marks.pop(int(request["since"]), None)
+        if mark is None:
+            raise errors.BackplaneError(f"no fidelity mark {request['since']!r}")
+        return {"ok": True, "fidelity": guard.since(mark)}
+
+    def _stats(self, request: dict) -> dict:
+        guard = self._guard()
+        ports = [telemetry.port_stats(self.fabric, p) for p in self.plan.ports()]
+        body = {"name": self.plan.name, "datapath": self.plan.spec.ecmp.datapath,
+                "hash": self.hash_mode if self.fabric.datapath is not None else "kernel five-tuple",
+                "scale": self.plan.spec.scale, "time_model": self.plan.spec.time.as_dict(),
+                "at": time.time(), "ports": ports, "fidelity": guard.check()}
+        if self.fabric.datapath is not None:
+            lt = self.fabric.datapath.load_times
+            body["load_times"] = {"compile_s": lt.compile_s, **{f"load_{k}_s": v for k, v in lt.load_s.items()}}
+        return {"ok": True, "stats": body}
+
+    def _queue(self, request: dict) -> dict:
+        # One port's true depth from the maps, bracketing the qdisc's own backlog, read back
+        # to back so the two can be compared while traffic flows.
+        dp = self._datapath()
+        port = self.plan.port(str(request.get("node")), str(request.get("ifname")))
+        ipr = self.fabric.nodes[port.node].ipr
+        before = dp.queue(port.ifindex)["depth"]
+        backlog = queues.counters(ipr, port.ifindex)["backlog_bytes"]
+        after = dp.queue(port.ifindex)["depth"]
+        return {"ok": True, "depth_before": before, "backlog": backlog, "depth_after": after}
+
+    def _pacing(self, request: dict) -> dict:
+        # How one port's egress queue released frames while backlogged (Mininet-HiFi's check),
+        # counted since the maps were made: callers difference two readings.
+        port = self.plan.port(str(request.get("node")), str(request.get("ifname")))
+        return {"ok": True, "pacing": self._datapath().pacing(port.ifindex)}
+
+    def _sample(self, request: dict) -> dict:
+        # Every switch port's queue and marks now, for time series taken while traffic runs.
+        dp = self._datapath()
+        if self._switch_ports is None:
+            self._switch_ports = [p for p in self.plan.ports() if self.plan.node(p.node).role in SWITCH_ROLES]
+        rows = []
+        for p in self._switch_ports:
+            q = dp.queue(p.ifindex)
+            c = dp.counters(p.ifindex)
+            rows.append(PortReading(f"{p.node}:{p.ifname}", q["depth"], q["deq_bytes"], c["ecn_marks"],
+                                    c["drop_buffer"]))
+        return {"ok": True, **PortSample(time.monotonic(), rows).as_dict()}
+
+    def _set_hash(self, request: dict) -> dict:
+        mode = request.get("hash")
+        dp = self._datapath()
+        if mode not in spec.HASH_MODES:
+            raise errors.BackplaneError(f"hash mode {mode!r}: use one of {', '.join(spec.HASH_MODES)}")
+        dp.set_hash(mode)
+        self.hash_mode = mode
+        return {"ok": True, "hash": mode}
+
+    def _down(self, request: dict) -> dict:
+        started = time.monotonic()
+        self.fabric.stop()
+        return {"ok": True, "down_seconds": time.monotonic() - started}
+
+    HANDLERS = {"ping": _ping, "status": _status, "plan": _plan, "fidelity": _fidelity, "stats": _stats,
+                "queue": _queue, "pacing": _pacing, "sample": _sample, "set_hash": _set_hash, "down": _down}
+
+    def serve(self, listener: socket.socket) -> None:
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                stop = False
+                try:
+                    conn.settimeout(30)
+                    data = b""
+                    while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
+                        chunk = conn.recv(4096)
+                        if not chunk:
+                            break
+                        data += chunk
+                    request = json.loads(data or b"{}")
+                    if not isinstance(request, dict):
+                        raise ValueError("a request is a JSON object")
+                    reply, stop = self.handle(request)
+                except _Stop:
+                    raise
+                except Exception as e:  # noqa: BLE001 - a bad request must not kill the fabric
+                    reply = _error_payload(e)
+                try:
+                    conn.sendall(json.dumps(reply).encode() + b"\n")
+                except OSError:
+                    pass
+                if stop:
+                    return
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m emulator.control.controller")
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--topology", required=True)
+    ap.add_argument("--no-wan-delay", action="store_true")
+    ap.add_argument("--dilation", default=None, help="replaces the topology's (a preset's name or a number)")
+    ap.add_argument("--ready-fd", type=int, required=True)
+    a = ap.parse_args(argv)
+    ready = os.fdopen(a.ready_fd, "w")
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGHUP, _on_signal)
+    fabric = None
+    listener = None
+    failed = False
+    try:
+        topology = os.path.abspath(a.topology)
+        text = spec.read_text(topology)
+        fabric_plan = plan_mod.build(spec.from_text(text, topology, spec.parse_dilation(a.dilation)), a.name)
+        state.write_record(a.name, topology, not a.no_wan_delay, a.dilation)
+        fabric = Fabric(fabric_plan, wan_delay=not a.no_wan_delay, datapath_builder=install.build)
+        fabric.start()
+        path = state.socket_path(a.name)
+        if path.exists():
+            path.unlink()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(path))
+        os.chmod(path, 0o600)
+        listener.listen(8)
+        ready.write(json.dumps({"ok": True, "pid": os.getpid(), "up_seconds": fabric.up_seconds,
+                                "nodes": len(fabric_plan.nodes), "links": len(fabric_plan.links),
+                                "wan_delay": fabric.wan_delay}) + "\n")
+        ready.close()
+        ready = None
+        Controller(fabric, text, topology, a.dilation).serve(listener)
+        return 0
+    except _Stop:
+        return 0
+    except BaseException as e:  # noqa: BLE001 - report every failure to `up`, then clean up
+        failed = True
+        traceback.print_exc()
+        if ready is not None:
+            try:
+                ready.write(json.dumps(_error_payload(e)) + "\n")
+            except OSError:
+                pass
+        return 1
+    finally:
+        # The teardown runs to the end: a second signal must not leave half a fabric behind.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        if listener is not None:
+            listener.close()
+        if fabric is not None:
+            try:
+                fabric.stop()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+        if ready is not None:
+            try:
+                ready.close()
+            except OSError:
+                pass
+        state.remove(a.name, keep_log=failed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

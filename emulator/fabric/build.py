@@ -1,0 +1,343 @@
+"""The running fabric: Mininet nodes in named namespaces, veth links, queues and routes.
+
+Follows Mininet's shape (nodes, interfaces and links each configure themselves) with two
+departures: configuration goes over netlink (pyroute2) instead of shell commands, and every
+step is read back from the kernel and raises on any difference instead of logging and carrying on.
+Mininet is told it is initialised (``Mininet.inited``) so it never rewrites the host's sysctls.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import time
+from typing import Any, Callable, Mapping
+
+from mininet.link import Intf
+from mininet.link import Link as MininetLink
+from mininet.net import Mininet
+from mininet.node import Node as MininetNode
+from pyroute2 import IPRoute
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_NEWLINK
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
+from emulator.errors import AlreadyRunning, BackplaneError, CapabilityError, FabricError
+from emulator.fabric import capabilities, checks, netns, queues
+from emulator.model.plan import DelayLine, FabricPlan, Node as PlanNode, Port, Route
+
+# Mininet.init() would raise rlimits and rewrite global sysctls (wmem_max, ARP cache sizes, ...)
+# behind the user's back. The namespaces we build need none of it.
+Mininet.inited = True
+
+MAIN_TABLE = 254
+
+
+class FabricNode(MininetNode):
+    """A Mininet node whose network namespace carries the fabric's name and prefix."""
+
+    # Per-namespace sysctls only; the host's own are never touched.
+    SYSCTLS: tuple[tuple[str, str], ...] = (
+        ("net.ipv6.conf.all.disable_ipv6", "1"),  # no IPv6 chatter in counters and captures
+        ("net.ipv6.conf.default.disable_ipv6", "1"),
+        ("net.ipv4.conf.all.rp_filter", "0"),  # ECMP return paths differ from forward ones
+        ("net.ipv4.conf.default.rp_filter", "0"),
+    )
+
+    def __init__(self, name: str, plan_node: PlanNode, plan: FabricPlan, **params: Any) -> None:
+        self.plan_node = plan_node
+        self.plan = plan
+        self.ipr = None
+        super().__init__(name, inNamespace=True, **params)
+
+    def startShell(self, mnopts=None) -> None:  # noqa: N802 (Mininet's name)
+        super().startShell(mnopts)
+        netns.attach(self.name, self.pid)
+        self.ipr = netns.iproute(self.name)
+        for key, value in self.SYSCTLS:
+            netns.write_sysctl(self.name, key, value)
+        lo = self.ipr.link_lookup(ifname="lo")[0]
+        self.ipr.link("set", index=lo, state="up")
+
+    def configure(self, plan: FabricPlan) -> None:
+        """Role-specific set-up once all links exist."""
+
+    def terminate(self) -> None:
+        if self.ipr is not None:
+            self.ipr.close()
+            self.ipr = None
+        super().terminate()
+
+
+class HostNode(FabricNode):
+    """A GPU server: one NIC, a default route to its leaf."""
+
+    def configure(self, plan: FabricPlan) -> None:
+        install_routes(self, plan.routes[self.plan_node.name])
+
+
+class RouterNode(FabricNode):
+    """A leaf, spine or border switch: a Linux IP router, no Open vSwitch, no controller."""
+
+    SYSCTLS = FabricNode.SYSCTLS + (
+        ("net.ipv4.ip_forward", "1"),
+        # Kernel ECMP hashes the five-tuple: the baseline the eBPF datapath replaces.
+        ("net.ipv4.fib_multipath_hash_policy", "1"),
+    )
+
+    def configure(self, plan: FabricPlan) -> None:
+        for port in plan.ports(self.plan_node.name):
+            if port.address is not None and port.address.network.prefixlen == 32:
+                # A leaf's host ports are unnumbered (/32 gateway, /32 route per host): answer
+                # ARP for the host's neighbours in its /24 so that they too go through the leaf.
+                key = f"net.ipv4.conf.{port.ifname}.proxy_arp"
+                netns.write_sysctl(self.name, key, "1")
+                if netns.read_sysctl(self.name, key) != "1":
+                    raise FabricError(f"{self.name}: {key} did not take")
+        install_routes(self, plan.routes[self.plan_node.name])
+
+
+class FiberNode(FabricNode):
+    """A long-haul path: a bridge between its two ports whose egresses hold the delay line."""
+
+    def configure(self, plan: FabricPlan) -> None:
+        ipr = self.ipr
+        try:
+            ipr.link("add", ifname="br0", kind="bridge", br_stp_state=0, br_forward_delay=0)
+            br = ipr.link_lookup(ifname="br0")[0]
+            for port in plan.ports(self.plan_node.name):
+                ipr.link("set", index=ipr.link_lookup(ifname=port.ifname)[0], master=br)
+            ipr.link("set", index=br, state="up", mtu=plan.spec.mtu)
+        except NetlinkError as e:
+            raise FabricError(f"{self.name}: building the fiber's bridge failed: {e}") from None
+        enslaved = {l.get_attr("IFLA_IFNAME") for l in ipr.get_links() if l.get_attr("IFLA_MASTER") == br}
+        want = {p.ifname for p in plan.ports(self.plan_node.name)}
+        if enslaved != want:
+            raise FabricError(f"{self.name}: bridge br0 holds {sorted(enslaved)}, expected {sorted(want)}")
+
+
+ROLE_CLASSES = {"host": HostNode, "leaf": RouterNode, "spine": RouterNode, "border": RouterNode,
+                "fiber": FiberNode}
+
+
+class PortIntf(Intf):
+    """A fabric port: MTU, address and egress queue set over netlink, each checked."""
+
+    def config(self, plan_port: Port | None = None, mtu: int = 1500, wan_delay: bool = True,
+               intra_delay: bool = False, **_: Any) -> dict:
+        if plan_port is None:
+            return {}
+        self.plan_port = plan_port
+        ipr = self.node.ipr
+        where = f"{self.node.name}:{self.name}"
+        try:
+            index = ipr.link_lookup(ifname=self.name)[0]
+            ipr.link("set", index=index, mtu=mtu, state="up")
+            if plan_port.address is not None:
+                addr = plan_port.address
+                ipr.addr("add", index=index, address=str(addr.ip), prefixlen=addr.network.prefixlen)
+                self.ip, self.prefixLen = str(addr.ip), addr.network.prefixlen
+        except (NetlinkError, IndexError) as e:
+            raise FabricError(f"{where}: configuring the port failed: {e}") from None
+        link = ipr.get_links(index)[0]
+        if link.get_attr("IFLA_MTU") != mtu:
+            raise FabricError(f"{where}: MTU is {link.get_attr('IFLA_MTU')}, expected {mtu}")
+        if plan_port.address is not None:
+            have = {(a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr(index=index)}
+            if (str(plan_port.address.ip), plan_port.address.network.prefixlen) not in have:
+                raise FabricError(f"{where}: address {plan_port.address} missing after adding it")
+        egress = plan_port.egress
+        if isinstance(egress, DelayLine) and not wan_delay:
+            egress = None
+        if egress is not None:
+            queues.install(ipr, index, egress, mtu, where, with_delay=intra_delay)
+        return {}
+
+
+class FabricLink(MininetLink):
+    """A veth pair made over netlink straight into both nodes' namespaces, at the plan's ifindexes."""
+
+    def makeIntfPair(self, intfname1, intfname2, addr1=None, addr2=None, node1=None, node2=None,  # noqa: N802
+                     deleteIntfs=True):
+        plan = node1.plan
+        index1 = plan.port(node1.plan_node.name, intfname1).ifindex
+        index2 = plan.port(node2.plan_node.name, intfname2).ifindex
+        # pyroute2's link("add") cannot give the peer an ifindex; the kernel takes it from the
+        # ifinfomsg nested in VETH_INFO_PEER, so the request is built by hand.
+        fd = os.open(netns.path(node2.name), os.O_RDONLY)
+        try:
+            msg = ifinfmsg()
+            msg["index"] = index1
+            peer = {"index": index2, "attrs": [("IFLA_IFNAME", intfname2), ("IFLA_ADDRESS", addr2),
+                                                ("IFLA_NET_NS_FD", fd)]}
+            msg["attrs"] = [("IFLA_IFNAME", intfname1), ("IFLA_ADDRESS", addr1),
+                            ("IFLA_LINKINFO", {"attrs": [("IFLA_INFO_KIND", "veth"),
+                                                         ("IFLA_INFO_DATA", {"attrs": [("VETH_INFO_PEER", peer)]})]})]
+            node1.ipr.nlm_request(msg, RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
+        except NetlinkError as e:
+            raise FabricError(f"creating veth {node1.name}:{intfname1} <-> {node2.name}:{intfname2} "
+                              f"(ifindex {index1}/{index2}) failed: {e}") from None
+        finally:
+            os.close(fd)
+        for node, name, index in ((node1, intfname1, index1), (node2, intfname2, index2)):
+            if node.ipr.link_lookup(ifname=name) != [index]:
+                raise FabricError(f"{node.name}:{name} did not get ifindex {index}")
+        return None, None
+
+
+def install_routes(node: FabricNode, routes: tuple[Route, ...]) -> None:
+    """Install ``routes`` in the node's main table, then read the table back and compare."""
+    ipr = node.ipr
+    index = {l.get_attr("IFLA_IFNAME"): l["index"] for l in ipr.get_links()}
+    for route in routes:
+        dst = str(route.dst.network_address)
+        kwargs: dict[str, Any] = {"dst": dst, "dst_len": route.dst.prefixlen, "table": MAIN_TABLE}
+        if len(route.nexthops) == 1:
+            gw, dev = route.nexthops[0]
+            kwargs["oif"] = index[dev]
+            if gw:
+                kwargs["gateway"] = gw
+            else:
+                kwargs["scope"] = 253  # link: the host is on this port
+        else:
+            kwargs["multipath"] = [{"gateway": gw, "oif": index[dev]} for gw, dev in route.nexthops]
+        try:
+            ipr.route("add", **kwargs)
+        except NetlinkError as e:
+            raise FabricError(f"{node.name}: adding route {route.dst} via {route.nexthops} failed: {e}") from None
+    have = read_routes(node)
+    by_index = {v: k for k, v in index.items()}
+    for route in routes:
+        want = {(gw, dev) for gw, dev in route.nexthops}
+        got = {(gw, by_index.get(oif, "?")) for gw, oif in have.get(route.dst, set())}
+        if got != want:
+            raise FabricError(f"{node.name}: route {route.dst} has next hops {sorted(got)} in the kernel, "
+                              f"expected {sorted(want)}")
+
+
+def read_routes(node: FabricNode) -> dict[ipaddress.IPv4Network, set[tuple[str, int]]]:
+    """The node's main IPv4 table: destination -> {(gateway or "", oif)}."""
+    out: dict[ipaddress.IPv4Network, set[tuple[str, int]]] = {}
+    for r in node.ipr.get_routes(family=socket.AF_INET, table=MAIN_TABLE):
+        dst = ipaddress.IPv4Network(f"{r.get_attr('RTA_DST') or '0.0.0.0'}/{r['dst_len']}")
+        hops = set()
+        mp = r.get_attr("RTA_MULTIPATH")
+        if mp:
+            for nh in mp:
+                hops.add((nh.get_attr("RTA_GATEWAY") or "", nh["oif"]))
+        else:
+            hops.add((r.get_attr("RTA_GATEWAY") or "", r.get_attr("RTA_OIF")))
+        out.setdefault(dst, set()).update(hops)
+    return out
+
+
+# Programs and attaches the switches' datapath on a built fabric: (plan, each node's IPRoute,
+# whether the long-haul loss is applied there) -> a handle with close().
+DatapathBuilder = Callable[[FabricPlan, Mapping[str, IPRoute], bool], Any]
+
+
+class Fabric:
+    """Builds a FabricPlan on the kernel and tears it down again, completely."""
+
+    def __init__(self, plan: FabricPlan, wan_delay: bool = True,
+                 datapath_builder: DatapathBuilder | None = None) -> None:
+        self.plan = plan
+        # The switches' datapath is built by the layer above (bpf.install.build), handed in.
+        self.datapath_builder = datapath_builder
+        self.wan_delay = wan_delay and bool(plan.spec.wan_paths)
+        # The in-DC latency, dilated, held by a netem on each host's egress where the kernel has
+        # netem; elsewhere status reports the in-DC RTT the emulator itself gives instead.
+        self.intra_delay = plan.intra_delay_applies(capabilities.has_netem())
+        self.net: Mininet | None = None
+        self.nodes: dict[str, FabricNode] = {}
+        self.up_seconds: float | None = None
+        self.datapath: Any = None  # what datapath_builder returned, closed on stop()
+
+    def check_can_start(self) -> None:
+        left = netns.names(self.plan.prefix)
+        if left:
+            raise AlreadyRunning(
+                f"fabric {self.plan.name!r} already has {len(left)} namespaces ({left[0]}, ...): "
+                f"it is up, or was left by a crash; backplane down --name {self.plan.name} "
+                f"(or backplane clean --name {self.plan.name})"
+            )
+        checks.check_machine(self.plan, self.wan_delay)
+
+    def start(self) -> None:
+        """Build everything; on any failure remove what was built and raise."""
+        started = time.monotonic()
+        self.check_can_start()
+        self._check_loss_can_be_applied()
+        try:
+            self._build()
+        except BaseException as e:
+            try:
+                self.stop()
+            except BackplaneError:
+                pass
+            if isinstance(e, (BackplaneError, KeyboardInterrupt)):
+                raise
+            raise FabricError(f"building fabric {self.plan.name!r} failed: {e}") from e
+        self.up_seconds = time.monotonic() - started
+
+    def _check_loss_can_be_applied(self) -> None:
+        lossy = [p.index for p in self.plan.spec.wan_paths if p.loss or p.corruption]
+        if lossy and not self.wan_delay and (self.plan.spec.ecmp.datapath != "ebpf"
+                                             or any(p.corruption for p in self.plan.spec.wan_paths)):
+            raise CapabilityError(
+                f"long-haul paths {lossy} are configured lossy or corrupting, but without delay lines "
+                "(netem) only the eBPF datapath can drop packets, and nothing here can corrupt them",
+                "run with netem (the delay tier's VM: backplane vm run -- CMD), or set ecmp.datapath: ebpf "
+                "and leave corruption at 0")
+
+    def _build(self) -> None:
+        plan = self.plan
+        self.net = Mininet(topo=None, build=False, controller=None, link=FabricLink, intf=PortIntf)
+        for n in plan.nodes:
+            cls = ROLE_CLASSES[n.role]
+            self.nodes[n.name] = self.net.addHost(plan.netns(n.name), cls=cls, plan_node=n, plan=plan)
+        for link in plan.links:
+            a, b = link.a, link.b
+            common = {"mtu": plan.spec.mtu, "wan_delay": self.wan_delay, "intra_delay": self.intra_delay}
+            self.net.addLink(self.nodes[a.node], self.nodes[b.node], intfName1=a.ifname, intfName2=b.ifname,
+                             addr1=a.mac, addr2=b.mac, params1={"plan_port": a, **common},
+                             params2={"plan_port": b, **common})
+        for n in plan.nodes:
+            self.nodes[n.name].configure(plan)
+        if plan.spec.ecmp.datapath == "ebpf":
+            if self.datapath_builder is None:
+                raise FabricError("the topology's switches run the eBPF datapath (ecmp.datapath: ebpf), "
+                                  "but this fabric was given nothing to build it with")
+            # Without delay lines (no netem) the long-haul paths' loss is applied by the borders'
+            # egress program instead, so a lossy path stays lossy.
+            self.datapath = self.datapath_builder(plan, {name: node.ipr for name, node in self.nodes.items()},
+                                                  not self.wan_delay)
+
+    def stop(self) -> None:
+        """Remove every process, namespace and link of this fabric; raise if any is left."""
+        for node in self.nodes.values():
+            try:
+                node.terminate()
+            except Exception:  # noqa: BLE001 - a dead shell must not stop the teardown
+                pass
+        self.nodes = {}
+        self.net = None
+        remove_fabric_namespaces(self.plan.prefix)
+        if self.datapath is not None:
+            # The programs left the kernel's ports with the namespaces; this frees them and the maps.
+            self.datapath.close()
+            self.datapath = None
+
+
+def remove_fabric_namespaces(prefix: str) -> list[str]:
+    """Kill every process living in a namespace of ``prefix`` and remove the namespaces."""
+    names = netns.names(prefix)
+    pids = netns.pids_in(names)
+    netns.kill_pids(list(pids))
+    for name in names:
+        netns.remove(name)
+    left = netns.names(prefix)
+    if left:
+        raise FabricError(f"namespaces still present after removing them: {left}")
+    return names

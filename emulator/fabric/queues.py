@@ -1,0 +1,154 @@
+"""Egress queues over netlink: install a port's shaper or delay line, and read it back.
+
+Every qdisc is read back from the kernel after it is installed and compared with what was asked
+for; a mismatch raises. Mininet's TCLink logs a failed netem and carries on; this never does.
+"""
+from __future__ import annotations
+
+import os
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.tcmsg import plugins, sched_pfifo
+
+from emulator.errors import CapabilityError, FabricError
+from emulator.model.plan import DelayLine, Shaping
+from emulator.model.spec import ETH_HEADER
+
+# bfifo carries the same options as pfifo (one 32-bit limit, in bytes instead of packets);
+# pyroute2 only names the latter.
+plugins.setdefault("bfifo", sched_pfifo)
+
+ROOT = 0x10000  # 1:
+CLASS = 0x10001  # 1:1, the port's single rate class
+LEAF = 0x100000  # 10:, the FIFO that holds the port's buffer
+# The shaper may run ahead of its rate by this long: short enough that queues build in the
+# FIFO where they are measured, long enough that timer slack does not cost throughput.
+BURST_SECONDS = 100e-6
+
+
+def _burst(rate_bps: int, mtu: int) -> int:
+    return max(2 * (mtu + ETH_HEADER), int(rate_bps / 8 * BURST_SECONDS))
+
+
+def install(ipr: IPRoute, index: int, egress: Shaping | DelayLine, mtu: int, where: str,
+            with_delay: bool = False) -> None:
+    """Install ``egress`` as the root qdisc of interface ``index``; raise unless it took. With
+    ``with_delay``, a shaped egress that carries an in-DC delay gets it as a netem under the
+    shaper (HTB only: TBF takes no child here) instead of its FIFO."""
+    delayed = with_delay and isinstance(egress, Shaping) and egress.delay_s > 0
+    try:
+        if isinstance(egress, Shaping):
+            rate = egress.rate_bps // 8  # bytes per second, as HTB/TBF carry it
+            burst = _burst(egress.rate_bps, mtu)
+            frame = mtu + ETH_HEADER
+            if egress.shaper == "htb":
+                ipr.tc("add", "htb", index, ROOT, default=1)
+                ipr.tc("add-class", "htb", index, CLASS, parent=ROOT, rate=rate, ceil=rate,
+                       burst=burst, cburst=burst, quantum=frame, mtu=frame)
+                if delayed:
+                    ipr.tc("add", "netem", index, LEAF, parent=CLASS, delay=egress.delay_s * 1e6,
+                           limit=egress.delay_limit_packets)
+                else:
+                    ipr.tc("add", "bfifo", index, LEAF, parent=CLASS, limit=egress.qdisc_limit)
+            else:
+                if delayed:
+                    raise FabricError(f"{where}: the in-DC delay needs a netem under the shaper; "
+                                      "use shaper: htb")
+                ipr.tc("add", "tbf", index, ROOT, rate=rate, burst=burst, limit=egress.qdisc_limit, mtu=frame)
+        else:
+            ipr.tc("add", "netem", index, ROOT, delay=egress.delay_s * 1e6, limit=egress.limit_packets,
+                   loss=egress.loss * 100, prob_corrupt=egress.corruption * 100)
+    except NetlinkError as e:
+        kind = "netem" if isinstance(egress, DelayLine) or delayed else egress.shaper
+        if e.code == 2:  # ENOENT: the kernel has no such qdisc
+            from emulator.fabric.capabilities import NETEM_FIX
+
+            raise CapabilityError(f"{where}: the kernel has no {kind} qdisc",
+                                  NETEM_FIX if kind == "netem" else f"a kernel with {kind} (CONFIG_NET_SCH_{kind.upper()})")
+        raise FabricError(f"{where}: adding the {kind} qdisc failed: {os.strerror(e.code)}") from None
+    got = read(ipr, index)
+    _verify(got, egress, where, delayed)
+
+
+def read(ipr: IPRoute, index: int) -> dict:
+    """What the kernel has on this egress, in base units."""
+    qdiscs = {q["handle"]: q for q in ipr.get_qdiscs(index=index)}
+    root = next((q for q in qdiscs.values() if q["parent"] == 0xFFFFFFFF), None)
+    if root is None:
+        return {"kind": "none"}
+    kind = root.get_attr("TCA_KIND")
+    out: dict = {"kind": kind}
+    if kind == "htb":
+        classes = [c for c in ipr.get_classes(index=index) if c["handle"] == CLASS]
+        if classes:
+            parms = classes[0].get_attr("TCA_OPTIONS").get_attr("TCA_HTB_PARMS")
+            out["rate_bps"] = parms["rate"] * 8
+            out["ceil_bps"] = parms["ceil"] * 8
+        leaf = qdiscs.get(LEAF)
+        if leaf is not None:
+            out["fifo"] = leaf.get_attr("TCA_KIND")
+            if out["fifo"] == "netem":
+                opts = leaf.get_attr("TCA_OPTIONS")
+                out["limit_packets"] = opts["limit"]
+                out["delay_s"] = _netem_delay(opts)
+            else:
+                out["limit_bytes"] = leaf.get_attr("TCA_OPTIONS")["limit"]
+    elif kind == "tbf":
+        parms = root.get_attr("TCA_OPTIONS").get_attr("TCA_TBF_PARMS")
+        out["rate_bps"] = parms["rate"] * 8
+        out["limit_bytes"] = parms["limit"]
+    elif kind == "netem":
+        opts = root.get_attr("TCA_OPTIONS")
+        out["limit_packets"] = opts["limit"]
+        out["loss"] = opts["loss"] / 0xFFFFFFFF
+        corrupt = opts.get_attr("TCA_NETEM_CORRUPT") if hasattr(opts, "get_attr") else None
+        out["corruption"] = (corrupt["prob_corrupt"] / 0xFFFFFFFF) if corrupt else 0.0
+        out["delay_s"] = _netem_delay(opts)
+    return out
+
+
+def _netem_delay(opts) -> float:
+    latency64 = opts.get_attr("TCA_NETEM_LATENCY64") if hasattr(opts, "get_attr") else None
+    if latency64 is not None:
+        return latency64 / 1e9
+    from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
+
+    return opts["delay"] / tick_in_usec / 1e6
+
+
+def _verify(got: dict, want: Shaping | DelayLine, where: str, delayed: bool = False) -> None:
+    def fail(what: str) -> FabricError:
+        return FabricError(f"{where}: the kernel holds {got} after installing {want}: {what}")
+
+    if isinstance(want, Shaping):
+        if got.get("kind") != want.shaper:
+            raise fail(f"root qdisc is {got.get('kind')}, not {want.shaper}")
+        if abs(got.get("rate_bps", 0) - want.rate_bps) > 8:
+            raise fail("rate differs")
+        if delayed:
+            if got.get("fifo") != "netem" or abs(got.get("delay_s", 0) - want.delay_s) > 1e-6:
+                raise fail("the in-DC delay line under the shaper differs")
+            if got.get("limit_packets") != want.delay_limit_packets:
+                raise fail("the in-DC delay line's limit differs")
+        elif got.get("limit_bytes") != want.qdisc_limit:
+            raise fail("queue limit differs")
+    else:
+        if got.get("kind") != "netem":
+            raise fail("root qdisc is not netem")
+        if abs(got.get("delay_s", 0) - want.delay_s) > 1e-5:
+            raise fail("delay differs")
+        if got.get("limit_packets") != want.limit_packets:
+            raise fail("limit differs")
+        if abs(got.get("loss", 0) - want.loss) > 1e-6:
+            raise fail("loss differs")
+
+
+def counters(ipr: IPRoute, index: int) -> dict:
+    """The root qdisc's counters as the kernel keeps them (packets, bytes, drops, backlog)."""
+    root = next((q for q in ipr.get_qdiscs(index=index) if q["parent"] == 0xFFFFFFFF), None)
+    stats = root.get_attr("TCA_STATS") if root is not None else None
+    if stats is None:
+        raise FabricError(f"interface {index} has no root qdisc counters")
+    return {"packets": stats["packets"], "bytes": stats["bytes"], "drops": stats["drop"],
+            "backlog_bytes": stats["backlog"]}
