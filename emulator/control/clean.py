@@ -19,7 +19,9 @@ from emulator.fabric import netns
 from emulator.model.plan import prefix_of, PROJECT_PREFIX
 
 _FABRIC_NS = re.compile(r"^" + re.escape(PROJECT_PREFIX) + r"([a-z0-9]{1,12})-")
-_PROBE_NS = re.compile(r"^" + re.escape(PROJECT_PREFIX) + r"probe-(\d+)$")
+# bp-probe-* is reserved for throwaway probe namespaces (never a fabric): bp-probe-<pid> of a
+# capability probe, bp-probe-dp<pid> of the datapath tests; removed once that pid is gone.
+_PROBE_NS = re.compile(r"^" + re.escape(PROJECT_PREFIX) + r"probe-\D*(\d+)$")
 
 
 @dataclass
@@ -38,7 +40,7 @@ def fabric_names() -> list[str]:
     names = set(state.known_names())
     for ns in netns.names(PROJECT_PREFIX):
         m = _FABRIC_NS.match(ns)
-        if m and not _PROBE_NS.match(ns):
+        if m and not ns.startswith(PROJECT_PREFIX + "probe-"):
             names.add(m.group(1))
     return sorted(names)
 

@@ -174,3 +174,25 @@ def test_clean_without_a_name_leaves_healthy_fabrics_alone(fabrics):
     failed(bp("clean", check=False), 2, f"fabric(s) {name}", "backplane clean --all")
     assert bp("status", "-n", name, "--no-rtt").returncode == 0
     assert f"{name} " in bp("list").stdout
+
+
+WAN = "wan:\n  paths: 2\n  distance: 3000km\n  rate: 400Gbps\n"
+
+
+@pytest.mark.parametrize("doc,words", [
+    (f"{WAN}  loss: 1\n", "wan.loss: 1 would drop every packet; for one percent write '1%'"),
+    (f"{WAN}  paths: 4\n", "wan.paths: given twice (lines"),
+    (f"{WAN}ecn: {{kmin: 200KB, kmax: 5KB}}\n", "ecn.kmax: kmax 5KB (set in ecn) is below kmin 200KB"),
+])
+def test_up_refuses_a_bad_topology_naming_file_and_key(tmp_path, doc, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text("version: 1\nscale: 0.001\ndatacenters:\n  - {name: east, spines: 1, leaves: 1, hosts_per_leaf: 1}\n"
+                    "  - {name: west, spines: 1, leaves: 1, hosts_per_leaf: 1}\n" + doc)
+    failed(bp("up", str(path), "--name", "fbadtopo", "--no-wan-delay", check=False), 2, f"{path}: {words}")
+    assert not netns.names(plan_mod.prefix_of("fbadtopo"))  # nothing was built
+
+
+def test_up_refuses_a_binary_file(tmp_path):
+    path = tmp_path / "topology.yaml"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    failed(bp("up", str(path), "--name", "fbadtopo", check=False), 2, f"{path}: not a text file")
