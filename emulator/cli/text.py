@@ -161,8 +161,12 @@ def format_transfer(body: dict) -> list[str]:
         lines.append("  refused by the NICs: " + ", ".join(f"{k} {v}" for k, v in sorted(drops.items())))
     sc = r.get("scenario") or {}
     if sc and not sc.get("intra_dc_delay_applied"):
-        lines.append(f"  in-DC latency NOT APPLIED (no netem here, or below the emulator's own forwarding): the "
-                     f"path's RTT was {dur(r['rtt_s'])} against the topology's {units.format_duration(sc['intra_dc_rtt_s'])}")
+        head = "  in-DC latency NOT APPLIED (no netem here, or below the emulator's own forwarding)"
+        in_dc = units.format_duration(sc["intra_dc_rtt_s"])
+        if sc.get("cross_dc"):  # the path's RTT is the WAN's: nothing to hold it against
+            lines.append(f"{head}; the topology's in-DC RTT is {in_dc}")
+        else:
+            lines.append(f"{head}: the path's RTT was {dur(r['rtt_s'])} against the topology's {in_dc}")
     lines += format_fidelity(r.get("fidelity"))
     return lines
 

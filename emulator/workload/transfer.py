@@ -338,6 +338,8 @@ def run(plan, src: str | list[str], dst: str, size: int, qps: int, transport: st
         scenario={"intra_dc_rtt_s": 2 * plan.spec.intra_dc_one_way_s(), "host_rate_bps": plan.spec.links.host,
                   "frame_bytes": plan.spec.mtu + 14, "dcqcn": asdict(cc) if running else None,
                   "intra_dc_delay_applied": plan.intra_delay_applies(_has_netem()),
+                  # Whether a sender's path crosses the long-haul paths (its RTT is then the WAN's).
+                  "cross_dc": any(plan.node(h).dc != plan.node(dst).dc for h in srcs),
                   # The switch port into the target: the queue an incast shares.
                   "bottleneck": f"{last_hop.node}:{last_hop.ifname}", "nic_burst_bytes": burst,
                   "window": plan.spec.nic.window,

@@ -109,3 +109,11 @@ def test_stats_that_are_not_trustworthy_say_why():
     body["fidelity"] = {**body["fidelity"], "trustworthy": False, "limits": ["12 veth drops on east-leaf0:eth0"]}
     lines = cli_text.format_stats(body)
     assert lines[-2].startswith("fidelity: NOT TRUSTWORTHY") and lines[-1] == "  - 12 veth drops on east-leaf0:eth0"
+
+
+def test_a_cross_dc_transfer_does_not_hold_its_wan_rtt_against_the_in_dc_one():
+    body = _transfer()
+    body["scenario"] = {**body["scenario"], "cross_dc": True}
+    text = "\n".join(cli_text.format_transfer(body))
+    assert "in-DC latency NOT APPLIED" in text and "the topology's in-DC RTT is 3.8us" in text
+    assert "the path's RTT was" not in text
