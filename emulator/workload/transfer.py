@@ -166,8 +166,9 @@ class Worker:
         return lines[-1][-300:] if lines else ""
 
     def failure(self, when: str) -> WorkerFailed:
+        how = self.ended()  # first: it waits for the process, whose stderr is then complete
         words = self.last_words()
-        return WorkerFailed(f"the soft-NIC on {self.host} ({self.role}) {self.ended()} {when}"
+        return WorkerFailed(f"the soft-NIC on {self.host} ({self.role}) {how} {when}"
                             + (f"; its last words: {words}" if words else ""))
 
     def tell(self, obj: dict | str, when: str) -> None:
