@@ -1,11 +1,14 @@
 """The soft-NIC's socket loop: UDP 4791 in, many QPs out, paced at the line rate.
 
-One process per host namespace runs one ``SoftNic``. Receiving: one socket bound to port 4791
-takes every RoCEv2 packet; each is ICRC-checked (the IPv4 and UDP headers it covers are rebuilt
-from the datagram's source and length: Linux sends DF datagrams from unconnected sockets with IP
-ID 0, and TOS, TTL and checksums are masked), parsed, and handed to its QP after the QPN and the
+One process per host namespace runs one ``SoftNic``. Receiving: a raw IPv4 socket for UDP,
+bound to the NIC's address, with a classic BPF filter that passes only datagrams to port 4791,
+takes every RoCEv2 packet with the IP and UDP headers it arrived with. The ICRC covers those
+headers (IP ID and flags included: a kernel peer such as rdma_rxe sends non-zero IDs), so
+nothing is rebuilt; it is checked, the packet parsed and handed to its QP after the QPN and the
 peer's address are checked. Everything refused is counted by reason; no packet can raise out of
-the loop. Sending: each QP has its own socket bound to its own UDP source port (the entropy the
+the loop. A UDP socket stays bound to port 4791 so that the kernel does not answer every packet
+with ICMP "port unreachable"; its filter drops what it gets (counted as Udp InErrors, never as
+RcvbufErrors, which the fidelity monitor reads). Sending: each QP has its own socket bound to its own UDP source port (the entropy the
 switches hash), sending ECT(0) with DF. A token bucket at the host link's rate stands in for
 the NIC's serialiser, so the host's small egress queue is never overrun; ``QueuePair.pace`` is
 the per-QP hook DCQCN drives.
@@ -41,7 +44,7 @@ from emulator.stats import summary
 
 SO_NO_CHECK = 11  # RoCEv2 sends UDP checksum 0
 IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2  # DF on every datagram (and so IP ID 0 when unconnected)
-IP_RECVTOS = 13
+SO_ATTACH_FILTER = 26  # a classic BPF filter on a socket (Python does not name it)
 SO_RCVBUFFORCE = 33  # root may exceed net.core.rmem_max (Python does not name it)
 SO_RXQ_OVFL = 40  # the kernel tells us how many datagrams it dropped on a full receive buffer
 SO_TIMESTAMPNS = 35  # each datagram's arrival time: the NP spaces CNPs by when packets arrived,
@@ -56,7 +59,32 @@ TX_TURN_S = 0.5e-3  # sending stops after this long in a turn, so ACKs and CNPs 
 RCVBUF = 32 << 20
 WIRE_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4, UDP: what the host link carries besides the transport
 _ICRC = struct.Struct("<I")
-_CMSG = 2 * socket.CMSG_SPACE(4) + socket.CMSG_SPACE(_TIMESPEC.size)
+_CMSG = socket.CMSG_SPACE(4) + socket.CMSG_SPACE(_TIMESPEC.size)
+_SOCK_FILTER = struct.Struct("HBBI")  # struct sock_filter: code, jt, jf, k
+# Classic BPF over an IPv4 packet (a raw socket's view): pass unfragmented UDP to port 4791.
+ROCE_FILTER = (
+    (0x28, 0, 0, 6),  # ldh [6]: flags and fragment offset
+    (0x45, 4, 0, 0x1FFF),  # jset #0x1fff: a fragment -> drop
+    (0xB1, 0, 0, 0),  # ldxb 4*([0]&0xf): the IP header's length
+    (0x48, 0, 0, 2),  # ldh [x+2]: the UDP destination port
+    (0x15, 0, 1, wire.ROCE_PORT),  # jeq #4791 -> pass, else drop
+    (0x06, 0, 0, 0x40000),  # ret: the whole packet
+    (0x06, 0, 0, 0),  # ret 0: drop
+)
+DROP_ALL = ((0x06, 0, 0, 0),)
+
+
+class NicError(OSError):
+    """The soft-NIC cannot open what it needs (its receive sockets)."""
+
+
+def attach_filter(sock: socket.socket, program) -> None:
+    """Attach a classic BPF program (a sequence of (code, jt, jf, k)) to ``sock``."""
+    import ctypes
+
+    insns = ctypes.create_string_buffer(b"".join(_SOCK_FILTER.pack(*i) for i in program))
+    fprog = struct.pack("HL", len(program), ctypes.addressof(insns))
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)  # the kernel copies the program
 
 
 @dataclass(frozen=True)
@@ -117,11 +145,14 @@ class SoftNic:
         self.counters = NicCounters()
         self.qps: dict[int, QueuePair] = {}
         self._peer: dict[int, tuple[str, socket.socket, int]] = {}  # qpn -> (peer ip, socket, sport)
+        self._next_qpn = QPN_BASE
+        self._peer_raw: dict[int, bytes] = {}  # qpn -> the peer's address as the IP header has it
         self._rate = line_rate_bps / 8  # bytes per second; 0: unpaced
         self._burst = burst_bytes
         self._tokens = float(burst_bytes)
         self._refilled = self.clock()
         self._crc_cache: dict[tuple, int] = {}
+        self._rx_crc: dict[bytes, int] = {}
         self._rr = 0
         self.tx_bytes: dict[int, int] = {}  # qpn -> bytes this QP put on the host link
         self.ce_data: dict[int, int] = {}  # qpn -> CE-marked data packets it received
@@ -132,26 +163,49 @@ class SoftNic:
         # Only these are the emulator's own: the rest of the feedback delay is modelled.
         self.cnp_late: list[float] = []
         self.reaction_late: list[float] = []
-        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._ip_raw = socket.inet_aton(ip)
+        try:
+            self.rx = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
+        except PermissionError as e:
+            raise NicError(e.errno, "the soft-NIC reads RoCEv2 packets with their IP headers (the ICRC covers "
+                                    "them) through a raw socket: run it as root or with CAP_NET_RAW") from e
+        attach_filter(self.rx, ROCE_FILTER)
         self.rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE if _root() else socket.SO_RCVBUF, RCVBUF)
-        self.rx.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
         self.rx.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
         self.rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        self.rx.bind((ip, wire.ROCE_PORT))
+        self.rx.bind((ip, 0))
         self.rx.setblocking(False)
+        # The port's owner, so no datagram to it is answered with ICMP; it never reads.
+        self.port = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        attach_filter(self.port, DROP_ALL)
+        self.port.bind((ip, wire.ROCE_PORT))
         self._rxbuf = bytearray(65536)
         self._rxview = memoryview(self._rxbuf)
+        # Loss on purpose, for tests and interop checks: called as lose("rx" | "tx", transport
+        # headers) per data packet; True loses it (counted as injected_rx / injected_tx).
+        self.lose = None
 
     def close(self) -> None:
         for _, sock, _ in self._peer.values():
             sock.close()
         self.rx.close()
+        self.port.close()
 
     # --- verbs ---
 
     def create_qp(self, peer_ip: str, config: QpConfig | None = None, send_cq: CompletionQueue | None = None,
-                  recv_cq: CompletionQueue | None = None, initial_psn: int = 0) -> QueuePair:
-        qpn = QPN_BASE + len(self.qps)
+                  recv_cq: CompletionQueue | None = None, initial_psn: int = 0, qpn: int | None = None) -> QueuePair:
+        """A QP towards ``peer_ip``; ``qpn`` as the application chooses it (the next free one
+        from 0x100 by default). Its UDP source port follows from the QPN."""
+        if qpn is None:
+            qpn = self._next_qpn
+            while qpn in self.qps:
+                qpn += 1
+            self._next_qpn = qpn + 1
+        elif not 2 <= qpn <= wire.QPN_MASK:
+            raise ValueError(f"QPN {qpn:#x}: 0 and 1 are the management QPs; a QPN has 24 bits")
+        elif qpn in self.qps:
+            raise ValueError(f"QPN {qpn:#x} is in use")
         qp = QueuePair(qpn, self.pd, send_cq or CompletionQueue(), recv_cq or CompletionQueue(), config,
                        initial_psn)
         sport = SPORT_BASE + qpn % 16384
@@ -159,9 +213,14 @@ class SoftNic:
         s.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
         s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (DSCP_DATA << 2) | ECT0)
         s.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
-        s.bind((self.ip, sport))
+        try:
+            s.bind((self.ip, sport))
+        except OSError:  # another QPN took this port (QPNs chosen by the application): any will do
+            s.bind((self.ip, 0))
+            sport = s.getsockname()[1]
         self.qps[qpn] = qp
         self._peer[qpn] = (peer_ip, s, sport)
+        self._peer_raw[qpn] = socket.inet_aton(peer_ip)
         self.tx_bytes[qpn] = 0
         self.ce_data[qpn] = 0
         if self.cc is not None:
@@ -170,15 +229,35 @@ class SoftNic:
             self._np[qpn] = dcqcn.NotificationPoint(self.cc)
         return qp
 
+    def close_qp(self, qpn: int) -> None:
+        """Destroy a QP: its socket closes and packets to it count as unknown_qp from now on."""
+        self.qps.pop(qpn)
+        _, sock, _ = self._peer.pop(qpn)
+        sock.close()
+        for table in (self._peer_raw, self.tx_bytes, self.ce_data, self._np):
+            table.pop(qpn, None)
+
     # --- the loop ---
 
     def _icrc_prefix(self, src: str, dst: str, sport: int, tlen: int) -> int:
+        """The ICRC over the headers of a packet this NIC sends (DF, IP ID 0: see the top)."""
         key = (src, dst, sport, tlen)
         crc = self._crc_cache.get(key)
         if crc is None:
-            if len(self._crc_cache) > 4096:  # random sources (a fuzzer) must not grow it forever
+            if len(self._crc_cache) > 4096:
                 self._crc_cache.clear()
             crc = self._crc_cache[key] = wire.icrc_headers(*wire.ipv4_udp_headers(src, dst, sport, tlen))
+        return crc
+
+    def _icrc_received(self, headers: memoryview, hl: int) -> int:
+        """The ICRC over the headers a packet arrived with. Keyed by their bytes: a peer that
+        sends IP ID 0 hits the cache; one that numbers its packets costs a CRC of 36 bytes."""
+        key = headers.tobytes()
+        crc = self._rx_crc.get(key)
+        if crc is None:
+            if len(self._rx_crc) > 4096:  # changing IDs or random sources must not grow it forever
+                self._rx_crc.clear()
+            crc = self._rx_crc[key] = wire.icrc_headers(key[:hl], key[hl:])
         return crc
 
     def _icrc(self, peer: str, sport: int, parts) -> bytes:
@@ -189,7 +268,10 @@ class SoftNic:
     def _send(self, qpn: int, parts) -> int:
         peer, sock, sport = self._peer[qpn]
         icrc = self._icrc(peer, sport, parts)
-        sock.sendmsg([*parts, icrc], [], 0, (peer, wire.ROCE_PORT))
+        if self.lose is not None and self.lose("tx", parts[0]):
+            self.counters.drop("injected_tx")  # lost on the wire: it still took its time there
+        else:
+            sock.sendmsg([*parts, icrc], [], 0, (peer, wire.ROCE_PORT))
         self.counters.tx_packets += 1
         n = sum(len(p) for p in parts) + wire.ICRC_LEN + WIRE_OVERHEAD
         self.tx_bytes[qpn] += n
@@ -218,13 +300,13 @@ class SoftNic:
         self._rt_now, self._v_now = time.time(), now
         for _ in range(RX_BATCH):
             try:
-                n, anc, _, addr = self.rx.recvmsg_into([self._rxbuf], _CMSG)
+                n, anc, _, _ = self.rx.recvmsg_into([self._rxbuf], _CMSG)
             except BlockingIOError:
                 break
             n_got += 1
             c.rx_packets += 1
             try:
-                self._input(view[:n], addr, anc, now)
+                self._input(view[:n], anc, now)
             except wire.Malformed as e:
                 c.drop(e.reason)
             except Exception:  # a bug must cost one packet, never the NIC: counted, and tests assert none
@@ -246,10 +328,12 @@ class SoftNic:
         now = self.clock()  # the sends and cuts happen now, whatever the turn began with
         while self._cnp_out and self._cnp_out[0][0] <= now:
             due, _, qpn, _, arrived = heapq.heappop(self._cnp_out)
-            self._send_cnp(self.qps[qpn], arrived, due, now)
+            if qpn in self.qps:  # not closed meanwhile
+                self._send_cnp(self.qps[qpn], arrived, due, now)
         while self._cnp_in and self._cnp_in[0][0] <= now:
             due, _, qpn, pkt, arrived = heapq.heappop(self._cnp_in)
-            self._react(self.qps[qpn], pkt, now, arrived, due)
+            if qpn in self.qps:
+                self._react(self.qps[qpn], pkt, now, arrived, due)
 
     def _react(self, qp, pkt, now: float, arrived: float | None, due: float) -> None:
         qp.receive(pkt, now)
@@ -258,31 +342,40 @@ class SoftNic:
                 self.cnp_reactions.append(time.time() - arrived)
             self.reaction_late.append(max(0.0, now - due) * self.dilation)
 
-    def _input(self, data: memoryview, addr: tuple, anc: list, now: float) -> None:
-        ce = False
+    def _input(self, frame: memoryview, anc: list, now: float) -> None:
+        """One IPv4 packet (the raw socket's view: IP header, UDP header, BTH..ICRC)."""
         arrived = None  # kernel arrival time (CLOCK_REALTIME): only differences are used
         for level, kind, value in anc:
-            if level == socket.IPPROTO_IP and kind == socket.IP_TOS and value and value[0] & 3 == CE:
-                self.counters.rx_ce += 1
-                ce = True
-            elif level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(value) >= 4:
+            if level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(value) >= 4:
                 self.counters.socket_overflow = struct.unpack("=I", value[:4])[0]
             elif level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(value) >= _TIMESPEC.size:
                 sec, nsec = _TIMESPEC.unpack(value[:_TIMESPEC.size])
                 arrived = sec + nsec * 1e-9
+        size = len(frame)
+        hl = (frame[0] & 0xF) * 4 if size else 0
+        if size < 20 or frame[0] >> 4 != 4 or hl < 20 or size < hl + 8:
+            raise wire.Malformed("truncated", f"{size} bytes: no IPv4 and UDP header")
+        data = frame[hl + 8:]
         n = len(data)
         if n < wire.BTH_LEN + wire.ICRC_LEN:
             raise wire.Malformed("truncated", f"{n} bytes")
-        src, sport = addr[0], addr[1]
-        crc = wire.icrc_transport(self._icrc_prefix(src, self.ip, sport, n), [data[:n - 4]])
+        if (frame[hl + 4] << 8 | frame[hl + 5]) != n + 8:
+            raise wire.Malformed("bad_length", f"UDP length {frame[hl + 4] << 8 | frame[hl + 5]} for {n + 8} bytes")
+        if self.lose is not None and self.lose("rx", data):
+            raise wire.Malformed("injected_rx")
+        ce = frame[1] & 3 == CE
+        if ce:
+            self.counters.rx_ce += 1
+        crc = wire.icrc_transport(self._icrc_received(frame[:hl + 8], hl), [data[:n - 4]])
         if _ICRC.pack(crc) != data[n - 4:n]:
             raise wire.Malformed("bad_icrc")
         pkt = wire.parse(data)
         qp = self.qps.get(pkt.bth.dqpn)
         if qp is None:
             raise wire.Malformed("unknown_qp", hex(pkt.bth.dqpn))
-        if src != self._peer[qp.qpn][0] or not qp.connected:
-            raise wire.Malformed("wrong_source", src)  # RC: only the connected peer may talk to a QP
+        if frame[12:16] != self._peer_raw[qp.qpn] or not qp.connected:
+            # RC: only the connected peer may talk to a QP
+            raise wire.Malformed("wrong_source", socket.inet_ntoa(frame[12:16]))
         if pkt.bth.opcode == wire.CNP:
             # The NIC reacts reaction_delay (virtual) after the CNP arrived, or as soon as the
             # loop gets to it if that is later.
@@ -318,6 +411,9 @@ class SoftNic:
         now = self.clock()
         got = self._receive(now)
         self._due_cnps()
+        # Reading a batch takes its time (milliseconds in a software-emulated guest): what is
+        # sent now is sent now, or its send times (RTT samples, retransmission timers) are old.
+        now = self.clock()
         self._refill(now)
         sent = 0
         for qpn, qp in self.qps.items():

@@ -60,10 +60,23 @@ class ProtectionDomain:
     _keys: itertools.count = field(default_factory=lambda: itertools.count(0x1000))
     _next_va: int = 0x10_0000_0000
 
-    def register(self, buffer: bytearray, access: int = LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ) -> MemoryRegion:
+    def register(self, buffer: bytearray, access: int = LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ,
+                 va: int | None = None, rkey: int | None = None) -> MemoryRegion:
+        """A region over ``buffer``; ``va`` and ``rkey`` as the application chooses them (an
+        R_Key is 32 bits and names one region), else the domain's next."""
         key = next(self._keys)
-        mr = MemoryRegion(buffer, self._next_va, key, key ^ 0x5A5A0000, access)
-        self._next_va += max(len(buffer), 1) + 4096  # a gap: an overrun never lands in a neighbour
+        if rkey is None:
+            rkey = key ^ 0x5A5A0000
+            while rkey in self.regions:
+                rkey = next(self._keys) ^ 0x5A5A0000
+        elif not 0 <= rkey < 1 << 32 or rkey in self.regions:
+            raise ValueError(f"R_Key {rkey:#x}: {'in use' if rkey in self.regions else 'an R_Key has 32 bits'}")
+        if va is None:
+            va = self._next_va
+            self._next_va += max(len(buffer), 1) + 4096  # a gap: an overrun never lands in a neighbour
+        elif not 0 <= va < 1 << 64:
+            raise ValueError(f"address {va:#x}: a VA has 64 bits")
+        mr = MemoryRegion(buffer, va, key, rkey, access)
         self.regions[mr.rkey] = mr
         return mr
 

@@ -75,12 +75,16 @@ def port_stats(f: "Fabric", port: Port) -> dict:
     return out
 
 
-def _udp_rcvbuf_errors(ns: str) -> int:
+def _receive_overflows(ns: str) -> int:
+    """Datagrams the namespace's sockets had no room for: UDP's RcvbufErrors, and the drops of
+    its raw sockets (the soft-NIC reads through one; /proc/net/raw's last column)."""
     with netns.entered(ns):
         with open("/proc/net/snmp") as fh:
             lines = [l.split() for l in fh if l.startswith("Udp:")]
+        with open("/proc/net/raw") as fh:
+            raw = [l.split() for l in fh.readlines()[1:]]
     head, vals = lines[0], lines[1]
-    return int(vals[head.index("RcvbufErrors")])
+    return int(vals[head.index("RcvbufErrors")]) + sum(int(r[-1]) for r in raw if r)
 
 
 @dataclass
@@ -164,7 +168,7 @@ class FidelityGuard:
                 drops[f"qdisc drops on {where} (the datapath keeps this qdisc from dropping)"] = \
                     queues.counters(node.ipr, port.ifindex)["drops"]
         for n in plan.by_role("host"):
-            drops[f"receive socket overflows on {n.name}"] = _udp_rcvbuf_errors(plan.netns(n.name))
+            drops[f"receive socket overflows on {n.name}"] = _receive_overflows(plan.netns(n.name))
         pacing = {}
         if f.datapath is not None:
             for port in plan.ports():

@@ -24,13 +24,14 @@ import socket
 import sys
 import time
 
-from emulator.nic.loop import IP_RECVTOS, QPN_BASE, SO_NO_CHECK, SPORT_BASE
+from emulator.nic.loop import QPN_BASE, SO_NO_CHECK, SPORT_BASE
 from emulator.nic.wire import BTH_STRUCT, CE, DSCP_DATA, ECT0, ROCE_PORT, WRITE_LAST, WRITE_MIDDLE
 
 # How far a paced sender may catch up after falling behind: enough to make up for sleep()
 # overshooting, too little to turn a descheduled moment into a line-rate burst (50 ms behind at
 # 3,000 pps would be 150 frames back to back, more than a 16 KB switch buffer holds).
 CATCH_UP_S = 2e-3
+IP_RECVTOS = 13  # each datagram's TOS (ECN) as ancillary data (Python does not name it)
 
 
 def qpn_of(qp: int) -> int:

@@ -98,14 +98,17 @@ class Net:
                 side.qp.on_timer(self.now)
 
 
-def pair(mode: str = "selective", a_psn: int = 0, b_psn: int = 0, **cfg) -> tuple[Side, Side]:
+def pair(mode: str = "selective", a_psn: int = 0, b_psn: int = 0, b_mode: str | None = None,
+         **cfg) -> tuple[Side, Side]:
+    """Two connected QPs; ``b_mode`` (default: ``mode``) lets B be a standard peer. Each side
+    offers its mode and uses selective repeat only if the other offered it too."""
     sides = []
-    for name, ip, qpn, psn in (("a", A_IP, 0x11, a_psn), ("b", B_IP, 0x22, b_psn)):
+    for name, ip, qpn, psn, m in (("a", A_IP, 0x11, a_psn, mode), ("b", B_IP, 0x22, b_psn, b_mode or mode)):
         pd = ProtectionDomain()
         scq, rcq = CompletionQueue(), CompletionQueue()
-        qp = QueuePair(qpn, pd, scq, rcq, QpConfig(mode=mode, **cfg), initial_psn=psn)
+        qp = QueuePair(qpn, pd, scq, rcq, QpConfig(mode=m, **cfg), initial_psn=psn)
         sides.append(Side(name, ip, qp, pd, scq, rcq))
     a, b = sides
-    a.qp.connect(b.qp.qpn, b.qp.ipsn)
-    b.qp.connect(a.qp.qpn, a.qp.ipsn)
+    a.qp.connect(b.qp.qpn, b.qp.ipsn, sack=b.qp.offers_sack)
+    b.qp.connect(a.qp.qpn, a.qp.ipsn, sack=a.qp.offers_sack)
     return a, b

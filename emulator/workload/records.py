@@ -13,6 +13,7 @@ class QpEndpoint:
 
     qpn: int
     psn: int  # the first PSN it sends
+    sack: bool = False  # it offers the selective-repeat extension (nic/rc.py)
 
 
 @dataclass(frozen=True)

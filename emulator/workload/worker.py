@@ -166,12 +166,12 @@ def _open(a: argparse.Namespace, peers: list[str]) -> tuple[SoftNic, list[list]]
 
 
 def _ready(qps: list) -> list[QpEndpoint]:
-    return [QpEndpoint(q.qpn, q.ipsn) for q in qps]
+    return [QpEndpoint(q.qpn, q.ipsn, q.offers_sack) for q in qps]
 
 
 def _connect(qps: list, peer: list[QpEndpoint]) -> None:
     for qp, p in zip(qps, peer):
-        qp.connect(p.qpn, p.psn)
+        qp.connect(p.qpn, p.psn, sack=p.sack)
 
 
 def _run(nic: SoftNic, rec: Recorder, done, timeout: float) -> bool:

@@ -32,8 +32,8 @@ def test_two_nics_over_loopback():
         for i in range(2):
             qa = a.create_qp("127.0.0.3", QpConfig(), initial_psn=wire.PSN_MOD - 100 * i)
             qb = b.create_qp("127.0.0.2", QpConfig(), initial_psn=12345)
-            qa.connect(qb.qpn, qb.ipsn)
-            qb.connect(qa.qpn, qa.ipsn)
+            qa.connect(qb.qpn, qb.ipsn, sack=True)
+            qb.connect(qa.qpn, qa.ipsn, sack=True)
             pairs.append((qa, qb))
         half = size // 2
         for i, (qa, _) in enumerate(pairs):
@@ -61,8 +61,8 @@ def _marked_write(a: SoftNic, b: SoftNic, size: int, seed: int):
     mr = b.pd.register(bytearray(size))
     qa = a.create_qp("127.0.0.3", QpConfig())
     qb = b.create_qp("127.0.0.2", QpConfig())
-    qa.connect(qb.qpn, qb.ipsn)
-    qb.connect(qa.qpn, qa.ipsn)
+    qa.connect(qb.qpn, qb.ipsn, sack=True)
+    qb.connect(qa.qpn, qa.ipsn, sack=True)
     a._peer[qa.qpn][1].setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (26 << 2) | 3)  # CE
     data = random.Random(seed).randbytes(size)
     qa.post_write(1, data, mr.va, mr.rkey)
@@ -136,3 +136,84 @@ def test_the_loop_runs_dcqcn_on_the_dilated_clock_and_holds_the_wire_to_its_rate
     finally:
         a.close()
         b.close()
+
+
+def _raw_send(src: str, dst: str, transport: bytes, ident: int, df: bool, icrc_ident: int | None = None) -> None:
+    """One RoCEv2 datagram with the IP header given here (IP ID, DF), sent as is: what a kernel
+    peer such as rdma_rxe puts on the wire. ``icrc_ident``: compute the ICRC over another ID."""
+    ip, udp = wire.ipv4_udp_headers(src, dst, 50000, len(transport) + wire.ICRC_LEN, ident=ident, df=df)
+    crc_ip, _ = wire.ipv4_udp_headers(src, dst, 50000, len(transport) + wire.ICRC_LEN,
+                                      ident=ident if icrc_ident is None else icrc_ident, df=df)
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as s:
+        s.sendto(ip + udp + transport + wire.icrc(crc_ip, udp, transport), (dst, 0))
+
+
+@pytest.mark.skipif(not _loopback("127.0.0.2"), reason="no 127.0.0.2 on loopback")
+def test_the_icrc_is_checked_over_the_ip_header_the_packet_came_with():
+    """A peer that numbers its datagrams (non-zero IP ID) or sends them without DF is heard:
+    the ICRC covers those fields, so the NIC checks it over the header that arrived, and a
+    packet whose ICRC was made over another ID is refused as bad_icrc."""
+    b = SoftNic("127.0.0.3")
+    try:
+        mr = b.pd.register(bytearray(12))
+        qb = b.create_qp("127.0.0.2", QpConfig(), qpn=0x4242)
+        qb.connect(0x77, 1000)
+        cases = [(0x1234, True, None), (0xBEEF, False, None), (0x0001, True, 0)]
+        for psn, (ident, df, icrc_ident) in enumerate(cases, start=1000):
+            body = wire.build(wire.Bth(wire.WRITE_ONLY, 0x4242, psn, ackreq=True), bytes([psn % 256]) * 4,
+                              reth=wire.Reth(mr.va + 4 * (psn - 1000), mr.rkey, 4))
+            _raw_send("127.0.0.2", "127.0.0.3", body, ident, df, icrc_ident)
+        b.run(lambda: b.counters.rx_packets >= 3, timeout=10, max_wait=0.01)
+        assert qb.stats.delivered == 2 and mr.buffer == bytes([232] * 4 + [233] * 4 + [0] * 4)
+        assert b.counters.dropped == {"bad_icrc": 1}
+    finally:
+        b.close()
+
+
+@pytest.mark.skipif(not _loopback("127.0.0.2"), reason="no 127.0.0.2 on loopback")
+def test_read_send_and_write_with_immediate_over_loopback():
+    """The verbs a RoCE application uses, over real sockets, with QPNs, PSNs, R_Keys and
+    addresses the application chose."""
+    a, b = SoftNic("127.0.0.2"), SoftNic("127.0.0.3")
+    try:
+        cfg = QpConfig(mtu=1024)
+        src = random.Random(5).randbytes(70_000)
+        mr = b.pd.register(bytearray(src), va=0x7000_0000, rkey=0xC0FFEE)
+        qa = a.create_qp("127.0.0.3", cfg, initial_psn=0xFFFFF0, qpn=0x11)
+        qb = b.create_qp("127.0.0.2", cfg, initial_psn=7, qpn=0x22)
+        qa.connect(0x22, 7)
+        qb.connect(0x11, 0xFFFFF0)
+        got = bytearray(70_000)
+        qa.post_read(1, got, 0x7000_0000, 0xC0FFEE)
+        recv = bytearray(100)
+        qb.post_recv(9, recv)
+        qb.post_recv(10, bytearray(0))
+        qa.post_send(2, b"hello", imm=0xAB)
+        qa.post_write(3, b"abc", 0x7000_0000, 0xC0FFEE, imm=0xCD)
+
+        def done() -> bool:
+            b.step(0.001)
+            return qa.idle
+
+        assert a.run(done, timeout=60)
+        assert got == src and bytes(recv[:5]) == b"hello" and mr.buffer[:3] == b"abc"
+        assert [(w.wr_id, w.status, w.opcode, w.byte_len) for w in qa.send_cq.poll()] == [
+            (1, SUCCESS, "read", 70_000), (2, SUCCESS, "send", 5), (3, SUCCESS, "write", 3)]
+        assert [(w.wr_id, w.opcode, w.imm) for w in qb.recv_cq.poll()] == [(9, "recv", 0xAB),
+                                                                          (10, "recv_rdma_with_imm", 0xCD)]
+        assert qb.stats.read_responses == 69 and a.stats()["dropped"] == {} and b.stats()["dropped"] == {}
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_qpn_is_the_applications_to_choose_but_never_twice():
+    a = SoftNic("127.0.0.1")
+    try:
+        assert a.create_qp("127.0.0.1", qpn=0x123456).qpn == 0x123456
+        assert a.create_qp("127.0.0.1").qpn == 0x100
+        for bad in (0, 1, 1 << 24, 0x123456):
+            with pytest.raises(ValueError):
+                a.create_qp("127.0.0.1", qpn=bad)
+    finally:
+        a.close()
