@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 HAS_NETEM := $(PY) -c 'import sys; from emulator.fabric.capabilities import has_netem; sys.exit(0 if has_netem() else 1)'
 
-.PHONY: setup vm-setup demo test test-host test-unit test-root test-delay vm-test vm-build vagrant-smoke clean
+.PHONY: setup vm-setup demo test test-host test-unit test-root test-delay test-rxe vm-test vm-build vagrant-smoke clean
 
 setup:
 	bash scripts/setup.sh
@@ -32,11 +32,12 @@ test-unit: setup
 test-root: setup
 	$(PYTEST) -ra tests/root
 
-# The delay tier in a VM with a stock kernel (QEMU; KVM where it boots, else software emulation).
+# The delay and rxe tiers in a VM with a stock kernel (QEMU; KVM where it boots, else software
+# emulation), in one boot; -k runs both even when the first fails.
 vm-test: vm-setup
 	$(VENV)/bin/backplane vm build
 	$(PYTEST) -ra tests/vm
-	$(VENV)/bin/backplane vm run -- make test-delay
+	$(VENV)/bin/backplane vm run -- make -k test-delay test-rxe
 
 vm-build: vm-setup
 	$(VENV)/bin/backplane vm build
@@ -44,6 +45,10 @@ vm-build: vm-setup
 # Runs where netem exists (in the VM: provisioned already, its root read-only, so no set-up).
 test-delay: $(if $(BACKPLANE_IN_VM),,setup)
 	$(PYTEST) -ra -s -m netem tests/root
+
+# The soft-NIC against the kernel's RoCEv2 (rdma_rxe): runs where the kernel has it (the VM).
+test-rxe: $(if $(BACKPLANE_IN_VM),,setup)
+	$(PYTEST) -ra tests/rxe
 
 # The Vagrantfile exercised for real: a local box from the guest root, libvirt with plain QEMU.
 vagrant-smoke: vm-setup

@@ -20,11 +20,13 @@ command -v apt-get >/dev/null || die "apt-get not found: backplane supports Debi
 
 # Distribution packages. Mininet's package brings mnexec; --no-install-recommends keeps Open vSwitch
 # out (backplane's switches are Linux routers with eBPF, never OVS). bcc comes from the
-# distribution (python3-bpfcc); PyPI's "bcc" is an unrelated project.
+# distribution (python3-bpfcc); PyPI's "bcc" is an unrelated project. libibverbs' providers and
+# pyverbs drive a kernel RoCE peer (rdma_rxe) against the soft-NIC (tests/rxe, examples/rxe_interop.py).
 packages=(
   mininet iproute2 ethtool iputils-ping tcpdump tshark iperf3 procps psmisc
   bpfcc-tools python3-bpfcc libbpfcc clang llvm python3 python3-venv python3-dev
   linux-headers-amd64
+  ibverbs-providers python3-pyverbs
 )
 kernel_headers="linux-headers-$kernel"
 missing=()
