@@ -6,7 +6,7 @@ profile's own switch thresholds, the incast runs, and the second half of the tim
 was active is read twice: from the emulator (the datapath's queue samples, the port's dequeued
 bytes, the NICs' bytes sent) and from emulator/reference/incast.py, a per-packet model of the
 same scenario and parameters written from DCQCN's sources (emulator/telemetry/modelcheck.py: the model's
-range over five seeds, and whether the emulator lies within it give or take the tolerances
+range over twenty seeds, and whether the emulator lies within it give or take the tolerances
 stated there). Every figure is the real fabric's (bytes / (scale x dilation), rates / scale,
 times / dilation). Each run also prints its fidelity verdict.
 

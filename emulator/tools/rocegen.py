@@ -39,11 +39,13 @@ def qpn_of(qp: int) -> int:
 
 
 def send(dst: str, qps: int, packets: int, payload: int, pps: float, sport_mode: str, pair_id: int,
-         burst: int = 1, sndbuf: int = 0) -> dict:
+         burst: int = 1, sndbuf: int = 0, gate: bool = False) -> dict:
     """Round-robin over the QPs, ``burst`` packets of a QP back to back, ``packets`` per QP, paced
     at ``pps`` in total (0: as fast as the host's NIC takes them; with a small ``sndbuf`` the
     socket blocks while its NIC queue is full instead of overflowing it). A sender that fell
-    behind catches up by at most CATCH_UP_S. The last packet of each QP is an RDMA WRITE LAST."""
+    behind catches up by at most CATCH_UP_S. The last packet of each QP is an RDMA WRITE LAST.
+    With ``gate`` it prints ``ready`` once its sockets are open and sends when a line comes on
+    stdin: senders in several hosts then start together, not a process start-up apart."""
     socks = []
     for qp in range(qps):
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -60,6 +62,9 @@ def send(dst: str, qps: int, packets: int, payload: int, pps: float, sport_mode:
         s.connect((dst, ROCE_PORT))
         socks.append(s)
     body = bytes(payload) + bytes(4)  # payload, then the ICRC field
+    if gate:
+        print("ready", flush=True)
+        sys.stdin.readline()
     interval = 1.0 / pps if pps > 0 else 0.0
     started = time.monotonic()
     next_at = started
@@ -174,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--pair-id", type=int, default=0)
     s.add_argument("--burst", type=int, default=1, help="packets of one QP sent back to back")
     s.add_argument("--sndbuf", type=int, default=0, help="SO_SNDBUF bytes (small: block on a full NIC queue)")
+    s.add_argument("--gate", action="store_true", help="print 'ready', then send when a line comes on stdin")
     r = sub.add_parser("recv")
     r.add_argument("--qps", type=int, required=True, help="QPs (over all senders) to wait for")
     r.add_argument("--timeout", type=float, default=30.0)
@@ -182,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--idle", type=float, default=0.0, help="stop once nothing came for this long (0: never)")
     a = ap.parse_args(argv)
     if a.cmd == "send":
-        out = send(a.dst, a.qps, a.packets, a.payload, a.pps, a.sport, a.pair_id, a.burst, a.sndbuf)
+        out = send(a.dst, a.qps, a.packets, a.payload, a.pps, a.sport, a.pair_id, a.burst, a.sndbuf, a.gate)
     else:
         out = receive(a.qps, a.timeout, a.drain, a.idle)
     print(json.dumps(out), flush=True)

@@ -36,6 +36,17 @@ def start_receiver(name: str, node: str, qps: int, timeout: float = 60) -> subpr
     return p
 
 
+def start_together(senders: list[subprocess.Popen]) -> None:
+    """Release gated senders (rocegen send --gate) at once, once every one has its sockets
+    open: an incast needs them to overlap, and Python start-up differs by up to a second."""
+    for s in senders:
+        line = s.stdout.readline()
+        assert line.strip() == "ready", f"sender: {line!r} {s.stderr.read() if s.poll() is not None else ''}"
+    for s in senders:
+        s.stdin.write("go\n")
+        s.stdin.flush()
+
+
 def finish(p: subprocess.Popen, timeout: float = 120, expect: int | None = None) -> dict:
     out, err = p.communicate(f"expect {expect}\n" if expect is not None else None, timeout=timeout)
     assert p.returncode == 0, err
@@ -209,7 +220,8 @@ def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fa
     before = after
     r = start_receiver(name, dst, 8)
     senders = [rocegen(name, f"local-host{i}", "send", addr, "--qps", "4", "--packets", "2500", "--payload",
-                       "4096", "--sndbuf", "4096", "--sport", "pair", "--pair-id", str(i)) for i in (0, 3)]
+                       "4096", "--sndbuf", "4096", "--sport", "pair", "--pair-id", str(i), "--gate") for i in (0, 3)]
+    start_together(senders)
     samples = []
     verdict_of = watch(name)
     while any(x.poll() is None for x in senders):
@@ -272,7 +284,8 @@ def test_overloaded_port_dequeues_back_to_back_at_its_rate(fabrics, tmp_path):
     r = start_receiver(name, dst, 8)
     verdict_of = watch(name)
     senders = [rocegen(name, f"local-host{i}", "send", addr, "--qps", "4", "--packets", "5000", "--payload",
-                       "4096", "--sndbuf", "4096", "--sport", "pair", "--pair-id", str(i)) for i in (0, 3)]
+                       "4096", "--sndbuf", "4096", "--sport", "pair", "--pair-id", str(i), "--gate") for i in (0, 3)]
+    start_together(senders)
     sent = sum(finish(x)["sent"] for x in senders)
     verdict = verdict_of()
     steal = stolen(verdict)
