@@ -10,6 +10,11 @@
  *    metadata. XDP_REDIRECT would skip the target's qdisc (no queue) and its egress hook, so
  *    the forwarding itself happens in tc (tc_ingress.c).
  *
+ * 3. PFC: the dequeue gives a lossless packet's bytes back to the ingress port of the switch it
+ *    left (tagged in its UDP checksum by tc_egress.c, cleared here), which may send XON; a PFC
+ *    frame received is counted, handed to the agent that gates this port's egress, and dropped,
+ *    as a MAC consumes it.
+ *
  * Everything that is not well-formed RoCEv2 over IPv4 with a route and TTL to spare takes the
  * kernel's path (ARP, ICMP, TCP, fragments) or, when its headers are broken, is dropped and
  * counted. Loaded with BPF_F_XDP_HAS_FRAGS: 4 KB RoCE frames exceed one page on veth.
@@ -21,6 +26,7 @@
 #include "bp_maps.h"
 #include "bp_parse.h"
 #include "bp_hash.h"
+#include "bp_pfc.h"
 
 /* The bin of a busy gap: the edges its ratio reached, with @paid = gap * rate held against
  * @unit = charged bytes * BP_PACING_NS_PER_ONE (no division; the edges ascend). */
@@ -102,6 +108,46 @@ static __always_inline void bp_dequeue(struct bp_port *port, __u32 prio, __u32 l
 	}
 }
 
+/* A lossless packet tagged with @tag (an ingress port of the switch whose queue it left, the
+ * one @port's peer_queue belongs to) gives its @len bytes back to that port's occupancy. */
+static __always_inline void bp_release(struct bp_port *port, __u32 tag, __u32 prio, __u32 len)
+{
+	__u32 zero = 0, queue = port->peer_queue;
+	struct bp_port *in_port, *out_port;
+	struct bp_ingress *ingress;
+	struct bp_config *cfg;
+
+	if (tag >= BP_MAX_IFINDEX)
+		return;
+	in_port = bp_ports.lookup(&tag);
+	out_port = bp_ports.lookup(&queue);
+	cfg = bp_config.lookup(&zero);
+	if (!in_port || !out_port || !cfg || in_port->node_id != out_port->node_id)
+		return;
+	ingress = bp_ingress_of(tag, prio);
+	if (ingress)
+		bp_ingress_sub(ingress, cfg, tag, prio, len);
+}
+
+/* Hand a received PFC frame to the agent: it gates this port's egress per priority. */
+static __always_inline void bp_event_pfc(__u32 ifindex, struct bp_pfc_frame *pfc)
+{
+	struct bp_event *ev = bp_events.ringbuf_reserve(sizeof(*ev));
+	int p;
+
+	if (!ev)
+		return;
+	ev->ns = bpf_ktime_get_ns();
+	ev->kind = BP_EV_PFC;
+	ev->ifindex = ifindex;
+	ev->prio = 0;
+	ev->vector = bpf_ntohs(pfc->vector);
+#pragma unroll
+	for (p = 0; p < BP_NUM_PRIO; p++)
+		ev->quanta[p] = bpf_ntohs(pfc->quanta[p]);
+	bp_events.ringbuf_submit(ev, 0);
+}
+
 int bp_xdp_ingress(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -118,6 +164,8 @@ int bp_xdp_ingress(struct xdp_md *ctx)
 	struct udphdr *udph;
 	struct bp_bth *bth;
 	struct bp_meta *meta;
+	struct bp_pfc_frame *pfc;
+	struct bp_cursor mc = { .pos = data };
 	__u32 zero = 0, dscp, prio, *prio_p, len, hash, nh, out;
 	int proto, rc = XDP_PASS;
 
@@ -131,8 +179,30 @@ int bp_xdp_ingress(struct xdp_md *ctx)
 	dscp = bp_frame_dscp(data, data_end);
 	prio_p = bp_dscp_prio.lookup(&dscp);
 	prio = prio_p ? (*prio_p & (BP_NUM_PRIO - 1)) : 0;
-	if (port->peer_queue)
+	if (port->peer_queue) {
 		bp_dequeue(port, prio, len);
+		udph = bp_roce_udp(data, data_end);
+		if (udph && udph->check) {
+			bp_release(port, udph->check, prio, len);
+			udph->check = 0;
+		}
+	}
+	proto = bp_parse_eth(&mc, data_end, &eth);
+	if (proto == BP_ETH_P_MAC_CONTROL) {
+		if (bp_parse_pfc(&mc, data_end, &pfc) == BP_PFC_OPCODE && (port->flags & BP_PORT_PFC)) {
+			bp_pfc_count(ifindex, pfc, 1);
+			bp_event_pfc(ifindex, pfc);
+		} else {
+			cnt->mac_control++;
+		}
+		rc = XDP_DROP;
+		goto out;
+	}
+	if (proto == BP_ETH_P_KICK) {
+		cnt->kicks++;
+		rc = XDP_DROP;
+		goto out;
+	}
 	if (!(port->flags & BP_PORT_SWITCH))
 		goto out;
 

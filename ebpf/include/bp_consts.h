@@ -30,6 +30,9 @@
 #define BP_PORT_SWITCH 1   /* a router port: forward RoCEv2 in eBPF, account its egress queue */
 #define BP_PORT_PEER_TBF 2 /* the peer's shaper is TBF: it charges a frame before sending it
 			    * (HTB charges after), which decides the frame a busy gap paid for */
+#define BP_PORT_PFC 4      /* PFC runs on this link: a switch port sends PAUSE upstream when its
+			    * ingress crosses XOFF, and any port honours the PAUSE it receives */
+#define BP_PORT_PRIO_QUEUES 8 /* egress is HTB with a leaf per priority: set skb->priority */
 
 /* IPv4 ECN codepoints (RFC 3168). */
 #define BP_ECN_MASK 3
@@ -60,5 +63,27 @@
  * rate a spec allows (>= 125 KB/s) sends even a 64 KB frame in well under a quarter of it, so
  * a clipped gap still lands in the last bin. */
 #define BP_PACING_GAP_MAX 0xffffffff
+
+/* 802.1Qbb PFC (IEEE 802.1Q clause 36): a MAC control frame, one pause time per priority. */
+#define BP_ETH_P_MAC_CONTROL 0x8808
+#define BP_PFC_OPCODE 0x0101   /* priority-based flow control */
+#define BP_PAUSE_OPCODE 0x0001 /* 802.3x global PAUSE: counted and dropped, never honoured */
+/* The frame that restarts a gate just reopened: a TBF throttled at the paused rate sleeps until
+ * its next packet, so something must be enqueued (IEEE 802 local experimental EtherType). */
+#define BP_ETH_P_KICK 0x88b5
+
+/* The egress HTB's classes (emulator/fabric/queues.py builds them): priority p waits in leaf
+ * 1:(BP_TC_LEAF_BASE + p) behind its pause gate; MAC control frames go through 1:BP_TC_CONTROL,
+ * which nothing pauses. skb->priority = TC_H_MAKE(major, minor) picks the class. */
+#define BP_TC_MAJOR 1
+#define BP_TC_LEAF_BASE 0x10
+#define BP_TC_CONTROL 0x18
+
+/* What the kernel tells the PFC agent (bp_event.kind). */
+#define BP_EV_XOFF 1  /* a port's ingress crossed XOFF at a priority: send PAUSE upstream */
+#define BP_EV_XON 2   /* it fell below XON: send the resume (quanta 0) */
+#define BP_EV_PFC 3   /* a port received a PFC frame: gate its egress as the quanta say */
+/* The events' ring: 64 pages hold ~10,000 events, far beyond what a poll of the agent lags. */
+#define BP_EVENT_PAGES 64
 
 #endif /* BP_CONSTS_H */

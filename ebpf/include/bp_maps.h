@@ -24,6 +24,13 @@ BPF_ARRAY(bp_queues, struct bp_queue, BP_MAX_IFINDEX * BP_QUEUE_SLOTS);
 /* Egress ifindex -> dequeue pacing. Shared, not per CPU: consecutive dequeues of one queue meet
  * here whatever CPU polls them (plain updates: one NAPI context serialises a veth's frames). */
 BPF_ARRAY(bp_pacing, struct bp_pacing, BP_MAX_IFINDEX);
+/* ifindex * BP_NUM_PRIO + priority -> PFC ingress occupancy. Shared: enqueue and dequeue
+ * run on different CPUs, in different namespaces. */
+BPF_ARRAY(bp_ingress, struct bp_ingress, BP_MAX_IFINDEX * BP_NUM_PRIO);
+/* ifindex * BP_NUM_PRIO + priority -> PFC counters, per CPU. */
+BPF_PERCPU_ARRAY(bp_pfc, struct bp_pfc_counters, BP_MAX_IFINDEX * BP_NUM_PRIO);
+/* XOFF/XON crossings and received PFC frames, for the agent that sends PAUSE and gates queues. */
+BPF_RINGBUF_OUTPUT(bp_events, BP_EVENT_PAGES);
 /* ifindex -> counters, per CPU so the hot path never contends. */
 BPF_PERCPU_ARRAY(bp_counters, struct bp_counters, BP_MAX_IFINDEX);
 

@@ -21,6 +21,8 @@ struct bp_port {
 	__u32 peer_rate;  /* bytes/s the peer_queue is shaped to, 0: do not time its dequeues. Here,
 			   * not in the peer's entry: the port that sees the dequeues has this entry
 			   * in hand, so pacing costs no lookup; u32 as HTB and TBF carry it */
+	__u32 headroom;   /* PFC: bytes this port's ingress takes beyond XOFF while its PAUSE takes
+			   * effect upstream (computed in emulator/model/pfc.py); past it PFC failed */
 };
 
 /* Fabric-wide settings. */
@@ -29,6 +31,9 @@ struct bp_config {
 	__u32 kmin;      /* WRED: no CE marks at or below this queue depth (bytes) */
 	__u32 kmax;      /* WRED: every ECT packet marked at or above this depth (bytes) */
 	__u32 pmax;      /* WRED: marking probability at kmax, in 1/BP_PROB_ONE */
+	__u32 lossless;  /* PFC: bit p set when priority p is lossless (0: PFC off) */
+	__u32 xoff;      /* PFC: a port's ingress bytes at one priority that send PAUSE upstream */
+	__u32 xon;       /* PFC: below this it sends the resume */
 };
 
 /*
@@ -103,6 +108,40 @@ struct bp_counters {
 	__u64 drop_buffer;      /* tail drops: the egress buffer was full */
 	__u64 drop_no_port;     /* metadata named a port that is not in the port table */
 	__u64 drop_loss;        /* dropped as the long-haul path's configured loss */
+	__u64 mac_control;      /* 802.3x PAUSE or other MAC control frames: counted, dropped */
+	__u64 kicks;            /* gate restarts received (BP_ETH_P_KICK): dropped */
+};
+
+/*
+ * A switch port's ingress occupancy at one priority (802.1Qbb's per-priority ingress
+ * accounting): bytes that came in on it and have not yet left the switch. Enqueue (tc egress)
+ * adds; the peer of the egress port they left by (XDP) takes away, told the ingress port by a
+ * tag the egress hook writes into the UDP checksum (RoCEv2 sends 0 there, the ICRC masks it).
+ */
+struct bp_ingress {
+	__u64 bytes;     /* signed in effect: a dequeue may be counted before its enqueue */
+	__u64 max_bytes; /* the highest occupancy seen */
+	__u32 paused;    /* 1 between the XOFF and the XON this port asked upstream for */
+	__u32 pad;
+};
+
+/* PFC per (port, priority), per CPU, as `dcb pfc` shows requests and indications. */
+struct bp_pfc_counters {
+	__u64 tx_pause;      /* PFC frames sent with this priority enabled and a pause time */
+	__u64 tx_resume;     /* ... enabled with pause time 0 */
+	__u64 rx_pause;      /* PFC frames received with this priority enabled and a pause time */
+	__u64 rx_resume;
+	__u64 drop_headroom; /* lossless packets the ingress had no headroom left for: PFC failed */
+};
+
+/* One event for the PFC agent in user space, through the bp_events ring. */
+struct bp_event {
+	__u64 ns;        /* bpf_ktime_get_ns() */
+	__u32 kind;      /* BP_EV_* */
+	__u32 ifindex;   /* XOFF/XON: the ingress port to send out of; PFC: the port it came in by */
+	__u32 prio;      /* XOFF/XON: the priority */
+	__u32 vector;    /* PFC: the class-enable vector */
+	__u16 quanta[BP_NUM_PRIO]; /* PFC: pause time per priority, in 512 bit times */
 };
 
 #endif /* BP_STRUCTS_H */

@@ -28,7 +28,7 @@ EBPF_DIR = REPO / "ebpf"
 # One program per file; concatenated into one compilation unit so that they share their maps
 # (bcc gives its own section only to functions of the main text, so they are joined, not
 # #included).
-PROGRAM_FILES = ("xdp_ingress.c", "tc_ingress.c", "tc_egress.c")
+PROGRAM_FILES = ("pfc_state.c", "xdp_ingress.c", "tc_ingress.c", "tc_egress.c")
 XDP_PROG = "bp_xdp_ingress"
 TC_INGRESS_PROG = "bp_tc_ingress"
 TC_EGRESS_PROG = "bp_tc_egress"
@@ -72,6 +72,7 @@ class Datapath:
         compiled = time.monotonic()
         load: dict[str, float] = {}
         self.fds: dict[str, int] = {}
+        self.pfc = None  # the PFC agent (emulator.bpf.pfc), when the fabric runs PFC
         for name in (TC_INGRESS_PROG, TC_EGRESS_PROG):
             t = time.monotonic()
             try:
@@ -93,6 +94,9 @@ class Datapath:
         self.prog_ids = {name: prog_id(fd) for name, fd in self.fds.items()}
 
     def close(self) -> None:
+        if self.pfc is not None:
+            self.pfc.close()
+            self.pfc = None
         xdp = self.fds.pop(XDP_PROG, None)
         if xdp is not None:
             os.close(xdp)
@@ -121,6 +125,16 @@ class Datapath:
         cfg.kmin, cfg.kmax, cfg.pmax = kmin, kmax, min(S.PROB_ONE, round(pmax * S.PROB_ONE))
         self.bpf["bp_config"][ct.c_int(0)] = cfg
 
+    def set_pfc(self, lossless: tuple[int, ...], xoff: int, xon: int) -> None:
+        """PFC's lossless priorities and its XOFF/XON thresholds (bytes of a port's ingress at
+        one priority); no priorities: PFC off."""
+        if lossless and not 0 < xon <= xoff:
+            raise FabricError(f"PFC thresholds XOFF {xoff} and XON {xon}: need 0 < XON <= XOFF")
+        cfg = self.config()
+        cfg.lossless = sum(1 << p for p in lossless)
+        cfg.xoff, cfg.xon = xoff, xon
+        self.bpf["bp_config"][ct.c_int(0)] = cfg
+
     def set_dscp_prio(self, lossless_prio: int) -> None:
         t = self.bpf["bp_dscp_prio"]
         for dscp in range(64):
@@ -131,6 +145,9 @@ class Datapath:
         if not 0 < ifindex < S.MAX_IFINDEX:
             raise FabricError(f"ifindex {ifindex} outside the datapath's 1..{S.MAX_IFINDEX - 1}")
         self.bpf["bp_ports"][ct.c_int(ifindex)] = port
+
+    def port_entry(self, ifindex: int) -> S.Port:
+        return self.bpf["bp_ports"][ct.c_int(ifindex)]
 
     def set_route(self, node_id: int, dst: ipaddress.IPv4Network, ifindexes: list[int]) -> None:
         if not 0 < len(ifindexes) <= S.MAX_NEXTHOPS:
@@ -169,20 +186,21 @@ class Datapath:
         if switch:
             self.attach_tc(ns, ipr, ifname)
 
-    def attach_tc(self, ns: str, ipr: IPRoute, ifname: str) -> None:
-        """tc ingress (forwarding) and egress (queue, ECN, tail drop) on a switch port."""
+    def attach_tc(self, ns: str, ipr: IPRoute, ifname: str, ingress: bool = True) -> None:
+        """tc ingress (forwarding) and egress (queue, ECN, tail drop) on a switch port; egress
+        alone (``ingress`` False) on a host's port, to put its packets in their priority's queue."""
         where, index = self._port(ipr, ns, ifname, "attach the datapath to")
+        hooks = ([(TC_INGRESS_PARENT, TC_INGRESS_PROG)] if ingress else []) + [(TC_EGRESS_PARENT, TC_EGRESS_PROG)]
         try:
             ipr.tc("add", "clsact", index)
-            ipr.tc("add-filter", "bpf", index, ":1", fd=self.fds[TC_INGRESS_PROG], name=TC_INGRESS_PROG,
-                   parent=TC_INGRESS_PARENT, classid=1, direct_action=True)
-            ipr.tc("add-filter", "bpf", index, ":1", fd=self.fds[TC_EGRESS_PROG], name=TC_EGRESS_PROG,
-                   parent=TC_EGRESS_PARENT, classid=1, direct_action=True)
+            for parent, name in hooks:
+                ipr.tc("add-filter", "bpf", index, ":1", fd=self.fds[name], name=name, parent=parent, classid=1,
+                       direct_action=True)
         except NetlinkError as e:
             raise FabricError(f"{where}: attaching the tc programs failed: {os.strerror(e.code)}") from None
         # pyroute2 does not decode TCA_BPF_ID; the program's name on a direct-action filter is
         # ours alone (bp_ prefix), so that is what is read back.
-        for parent, name in ((TC_INGRESS_PARENT, TC_INGRESS_PROG), (TC_EGRESS_PARENT, TC_EGRESS_PROG)):
+        for parent, name in hooks:
             names = []
             for f in ipr.get_filters(index=index, parent=parent):
                 opts = f.get_attr("TCA_OPTIONS")
@@ -219,6 +237,18 @@ class Datapath:
         """The port's counters, summed over CPUs."""
         per_cpu = self.bpf["bp_counters"][ct.c_int(ifindex)]
         return {name: sum(getattr(c, name) for c in per_cpu) for name in S.COUNTER_NAMES}
+
+    def pfc_counters(self, ifindex: int, prio: int) -> dict[str, int]:
+        """PFC frames sent and received on a port at one priority, and its headroom drops."""
+        per_cpu = self.bpf["bp_pfc"][ct.c_int(ifindex * S.NUM_PRIO + prio)]
+        return {name: sum(getattr(c, name) for c in per_cpu) for name in S.PFC_COUNTER_NAMES}
+
+    def ingress(self, ifindex: int, prio: int) -> dict[str, int]:
+        """A port's ingress occupancy at one priority (bytes in the switch), its peak, and whether
+        it holds its upstream paused."""
+        i = self.bpf["bp_ingress"][ct.c_int(ifindex * S.NUM_PRIO + prio)]
+        occupancy = ct.c_int64(i.bytes).value
+        return {"bytes": max(0, occupancy), "max_bytes": i.max_bytes, "paused": bool(i.paused)}
 
     def queue(self, ifindex: int, prio: int | None = None) -> dict[str, int]:
         """A queue's accounting; ``prio`` None is the port's total. depth = enqueued - dequeued."""

@@ -12,8 +12,10 @@ from pyroute2 import IPRoute
 
 from emulator.bpf import structs as S
 from emulator.bpf.datapath import Datapath
+from emulator.bpf.pfc import PfcAgent
 from emulator.errors import FabricError
 from emulator.model.plan import FabricPlan, Port, Shaping, SWITCH_ROLES
+from emulator.model import pfc as pfc_model
 from emulator.model.spec import FabricSpec
 
 
@@ -32,9 +34,15 @@ def port_entry(plan: FabricPlan, port: Port, loss_in_ebpf: bool = False) -> S.Po
     # That queue's rate, so this port times its dequeues against it (0: not shaped, not timed).
     shaped = peer.egress if peer_queue and isinstance(peer.egress, Shaping) else None
     flags = (S.PORT_SWITCH if switch else 0) | (S.PORT_PEER_TBF if shaped and shaped.shaper == "tbf" else 0)
+    headroom = 0
+    if plan.pfc_port(port):
+        flags |= S.PORT_PFC
+        headroom = plan.spec.emulated_size(pfc_model.reserved(plan.spec, plan.link_of(port).kind))
+    if isinstance(port.egress, Shaping) and port.egress.priorities:
+        flags |= S.PORT_PRIO_QUEUES
     return S.Port(node.uid, flags, peer_queue, buffer, S.mac_bytes(port.mac),
                   S.mac_bytes(plan.next_hop(port).mac), min(0xFFFFFFFF, round(loss * 2**32)),
-                  shaped.rate_bps // 8 if shaped else 0)
+                  shaped.rate_bps // 8 if shaped else 0, headroom)
 
 
 def config(datapath: Datapath, spec: FabricSpec) -> None:
@@ -49,6 +57,8 @@ def program(datapath: Datapath, plan: FabricPlan, loss_in_ebpf: bool = False) ->
     spec = plan.spec
     config(datapath, spec)
     datapath.set_dscp_prio(spec.pfc.priority)
+    if spec.pfc.enabled:
+        datapath.set_pfc((spec.pfc.priority,), spec.emulated_size(spec.pfc.xoff), spec.emulated_size(spec.pfc.xon))
     for port in plan.ports():
         datapath.set_port(port.ifindex, port_entry(plan, port, loss_in_ebpf))
     routes = 0
@@ -70,6 +80,8 @@ def attach(datapath: Datapath, plan: FabricPlan, iproutes: Mapping[str, IPRoute]
     for port in ports:
         if plan.node(port.node).role in SWITCH_ROLES:
             datapath.attach_tc(plan.netns(port.node), iproutes[port.node], port.ifname)
+        elif isinstance(port.egress, Shaping) and port.egress.priorities:
+            datapath.attach_tc(plan.netns(port.node), iproutes[port.node], port.ifname, ingress=False)
     for port in ports:
         got = iproutes[port.node].link_lookup(ifname=port.ifname)
         if got != [port.ifindex]:
@@ -83,6 +95,8 @@ def build(plan: FabricPlan, iproutes: Mapping[str, IPRoute], loss_in_ebpf: bool)
     try:
         program(datapath, plan, loss_in_ebpf=loss_in_ebpf)
         attach(datapath, plan, iproutes)
+        if plan.spec.pfc.enabled:
+            datapath.pfc = PfcAgent(datapath.bpf, plan)
     except BaseException:
         datapath.close()
         raise

@@ -24,6 +24,23 @@ HASH_MODES = {mode: i for i, mode in enumerate(spec.HASH_MODES)}
 
 PORT_SWITCH = 1
 PORT_PEER_TBF = 2
+PORT_PFC = 4
+PORT_PRIO_QUEUES = 8
+
+# 802.1Qbb PFC and the frames around it.
+ETH_P_MAC_CONTROL = 0x8808
+PFC_OPCODE = 0x0101
+PAUSE_OPCODE = 0x0001
+ETH_P_KICK = 0x88B5
+# The egress HTB's classes: priority p in 1:(TC_LEAF_BASE + p), MAC control in 1:TC_CONTROL.
+TC_MAJOR = 1
+TC_LEAF_BASE = 0x10
+TC_CONTROL = 0x18
+# bp_event.kind
+EV_XOFF = 1
+EV_XON = 2
+EV_PFC = 3
+EVENT_PAGES = 64
 
 # Dequeue pacing: busy gap / ideal gap, binned at these edges (in 1/PACING_ONE).
 PACING_ONE = 100
@@ -46,6 +63,7 @@ class Port(ct.Structure):
         ("dmac", ct.c_uint8 * 6),
         ("loss", ct.c_uint32),
         ("peer_rate", ct.c_uint32),
+        ("headroom", ct.c_uint32),
     ]
 
 
@@ -55,6 +73,9 @@ class Config(ct.Structure):
         ("kmin", ct.c_uint32),
         ("kmax", ct.c_uint32),
         ("pmax", ct.c_uint32),
+        ("lossless", ct.c_uint32),
+        ("xoff", ct.c_uint32),
+        ("xon", ct.c_uint32),
     ]
 
 
@@ -101,7 +122,37 @@ class Counters(ct.Structure):
         "rx_pkts", "rx_bytes", "roce_pkts", "kernel_pkts", "no_route", "ttl_expired", "fragments",
         "drop_truncated", "drop_ip_version", "drop_ip_header", "drop_roce_header", "fwd_pkts",
         "fwd_bytes", "tx_pkts", "tx_bytes", "ecn_marks", "drop_buffer", "drop_no_port", "drop_loss",
+        "mac_control", "kicks",
     )]
+
+
+class Ingress(ct.Structure):
+    _fields_ = [
+        ("bytes", ct.c_uint64),
+        ("max_bytes", ct.c_uint64),
+        ("paused", ct.c_uint32),
+        ("pad", ct.c_uint32),
+    ]
+
+
+class PfcCounters(ct.Structure):
+    _fields_ = [(name, ct.c_uint64) for name in (
+        "tx_pause", "tx_resume", "rx_pause", "rx_resume", "drop_headroom",
+    )]
+
+
+PFC_COUNTER_NAMES = tuple(name for name, _ in PfcCounters._fields_)
+
+
+class Event(ct.Structure):
+    _fields_ = [
+        ("ns", ct.c_uint64),
+        ("kind", ct.c_uint32),
+        ("ifindex", ct.c_uint32),
+        ("prio", ct.c_uint32),
+        ("vector", ct.c_uint32),
+        ("quanta", ct.c_uint16 * NUM_PRIO),
+    ]
 
 
 COUNTER_NAMES = tuple(name for name, _ in Counters._fields_)
@@ -117,6 +168,8 @@ MIRRORS = {
     "bp_queue": (Queue, "bp_queues", "leaf"),
     "bp_pacing": (Pacing, "bp_pacing", "leaf"),
     "bp_counters": (Counters, "bp_counters", "leaf"),
+    "bp_ingress": (Ingress, "bp_ingress", "leaf"),
+    "bp_pfc_counters": (PfcCounters, "bp_pfc", "leaf"),
 }
 
 

@@ -64,6 +64,19 @@ def format_status(body: dict) -> list[str]:
                      f"Kmin {units.format_size(e['kmin'])} Kmax {units.format_size(e['kmax'])} Pmax {e['pmax']:.3g} "
                      f"(emulated {units.format_size(e['emulated_kmin'])}/{units.format_size(e['emulated_kmax'])}; "
                      f"from {origin})")
+    pfc = body.get("pfc") or {}
+    if pfc.get("enabled"):
+        rooms = ", ".join(f"{k} {units.format_size(h['reserved'])} (frames {units.format_size(h['frames'])}, cable "
+                          f"{units.format_size(h['cable'])}, reaction {units.format_size(h['response'])} in "
+                          f"{units.format_duration(h['response_s'])})" for k, h in pfc["headroom"].items())
+        lines.append(f"PFC on priority {pfc['priority']}: XOFF {units.format_size(pfc['xoff'])} XON "
+                     f"{units.format_size(pfc['xon'])}; headroom per port {rooms}; long-haul ports lossy")
+        agent = pfc.get("agent")
+        if agent and agent["reactions"]:
+            lines.append(f"  pause reaction measured (wall): p50 {units.format_duration(agent['reaction_p50_s'])} "
+                         f"p99 {units.format_duration(agent['reaction_p99_s'])} max "
+                         f"{units.format_duration(agent['reaction_max_s'])} over {agent['reactions']} pauses; the "
+                         f"headroom assumes {units.format_duration(pfc['assumed_reaction_s'])}")
     intra = body.get("intra_dc")
     if intra:
         applied = (f"held by netem on each host's egress ({units.format_duration(intra['wall_one_way_s'])} of wall "

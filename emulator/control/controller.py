@@ -146,6 +146,13 @@ class Controller:
                                     c["drop_buffer"]))
         return {"ok": True, **PortSample(time.monotonic(), rows).as_dict()}
 
+    def _pfc(self, request: dict) -> dict:
+        # The PFC agent's work and its measured reaction.
+        dp = self._datapath()
+        if dp.pfc is None:
+            raise errors.BackplaneError(f"fabric {self.plan.name!r} does not run PFC (pfc.enabled: false)")
+        return {"ok": True, "pfc": dp.pfc.summary()}
+
     def _set_hash(self, request: dict) -> dict:
         mode = request.get("hash")
         dp = self._datapath()
@@ -161,7 +168,7 @@ class Controller:
         return {"ok": True, "down_seconds": time.monotonic() - started}
 
     HANDLERS = {"ping": _ping, "status": _status, "plan": _plan, "fidelity": _fidelity, "stats": _stats,
-                "queue": _queue, "pacing": _pacing, "sample": _sample, "set_hash": _set_hash, "down": _down}
+                "queue": _queue, "pacing": _pacing, "sample": _sample, "pfc": _pfc, "set_hash": _set_hash, "down": _down}
 
     def serve(self, listener: socket.socket) -> None:
         while True:

@@ -22,6 +22,43 @@ plugins.setdefault("bfifo", sched_pfifo)
 ROOT = 0x10000  # 1:
 CLASS = 0x10001  # 1:1, the port's single rate class
 LEAF = 0x100000  # 10:, the FIFO that holds the port's buffer
+# With PFC (Shaping.priorities): leaf 1:(LEAF_BASE + p) per priority p under CLASS, each with
+# its pause gate, a TBF, as qdisc GATE_BASE + p:; MAC control frames (PAUSE, kicks) in CONTROL,
+# never gated, served first. The eBPF egress program picks the class by skb->priority (values
+# in ebpf/include/bp_consts.h, BP_TC_*).
+NUM_PRIO = 8
+LEAF_BASE = 0x10
+CONTROL = 0x18
+GATE_BASE = 0x20
+CONTROL_FIFO = 0x28
+CONTROL_LIMIT_FRAMES = 64
+# A gate shut: the TBF's rate (8 kbit/s, its floor) and a one-frame bucket, so it lets one frame
+# out when it closes and then nothing for seconds; the agent reopens it long before.
+PAUSED_RATE = 1000  # bytes/s
+# An open gate never throttles: its rate is well above the port's, under HTB's ceiling.
+OPEN_RATE_FACTOR = 4
+MAX_RATE = 34_000_000_000 // 8
+
+
+def class_id(minor: int) -> int:
+    return (1 << 16) | minor
+
+
+def gate_handle(prio: int) -> int:
+    return (GATE_BASE + prio) << 16
+
+
+def open_gate(rate_bps: int, mtu: int) -> dict:
+    """The TBF parameters of an open gate on a port shaped to ``rate_bps``."""
+    frame = mtu + ETH_HEADER
+    rate = min(MAX_RATE, OPEN_RATE_FACTOR * rate_bps // 8)
+    return {"rate": rate, "burst": max(2 * frame, int(rate * BURST_SECONDS))}
+
+
+def shut_gate(mtu: int) -> dict:
+    return {"rate": PAUSED_RATE, "burst": mtu + ETH_HEADER}
+
+
 # The shaper may run ahead of its rate by this long: short enough that queues build in the
 # FIFO where they are measured, long enough that timer slack does not cost throughput.
 BURST_SECONDS = 100e-6
@@ -42,7 +79,9 @@ def install(ipr: IPRoute, index: int, egress: Shaping | DelayLine, mtu: int, whe
             rate = egress.rate_bps // 8  # bytes per second, as HTB/TBF carry it
             burst = _burst(egress.rate_bps, mtu)
             frame = mtu + ETH_HEADER
-            if egress.shaper == "htb":
+            if egress.priorities:
+                _install_priorities(ipr, index, egress, mtu, where, delayed)
+            elif egress.shaper == "htb":
                 ipr.tc("add", "htb", index, ROOT, default=1)
                 ipr.tc("add-class", "htb", index, CLASS, parent=ROOT, rate=rate, ceil=rate,
                        burst=burst, cburst=burst, quantum=frame, mtu=frame)
@@ -71,6 +110,45 @@ def install(ipr: IPRoute, index: int, egress: Shaping | DelayLine, mtu: int, whe
     _verify(got, egress, where, delayed)
 
 
+def _install_priorities(ipr: IPRoute, index: int, egress: Shaping, mtu: int, where: str, delayed: bool) -> None:
+    if delayed:
+        raise FabricError(f"{where}: PFC's per-priority gates and the in-DC delay line (a netem under the "
+                          "shaper) are not built together yet; run PFC topologies where the kernel has no "
+                          "netem need (this machine's tiers), or set latency to 0")
+    rate = egress.rate_bps // 8
+    frame = mtu + ETH_HEADER
+    burst = _burst(egress.rate_bps, mtu)
+    share = max(1, rate // (NUM_PRIO + 1))
+    ipr.tc("add", "htb", index, ROOT, default=LEAF_BASE)
+    ipr.tc("add-class", "htb", index, CLASS, parent=ROOT, rate=rate, ceil=rate, burst=burst, cburst=burst,
+           quantum=frame, mtu=frame)
+    gate = open_gate(egress.rate_bps, mtu)
+    for prio in range(NUM_PRIO):
+        ipr.tc("add-class", "htb", index, class_id(LEAF_BASE + prio), parent=CLASS, rate=share, ceil=rate,
+               burst=burst, cburst=burst, quantum=frame, mtu=frame, prio=1)
+        ipr.tc("add", "tbf", index, gate_handle(prio), parent=class_id(LEAF_BASE + prio), mtu=frame,
+               limit=egress.lossless_limit, **gate)
+    ipr.tc("add-class", "htb", index, class_id(CONTROL), parent=CLASS, rate=share, ceil=rate, burst=burst,
+           cburst=burst, quantum=frame, mtu=frame, prio=0)
+    ipr.tc("add", "bfifo", index, CONTROL_FIFO << 16, parent=class_id(CONTROL), limit=CONTROL_LIMIT_FRAMES * frame)
+
+
+def gates(ipr: IPRoute, index: int) -> dict[int, int]:
+    """Each priority's pause gate as the kernel holds it: priority -> TBF rate, bytes/s."""
+    out = {}
+    for q in ipr.get_qdiscs(index=index):
+        minor_parent = q["parent"] & 0xFFFF
+        if q.get_attr("TCA_KIND") == "tbf" and LEAF_BASE <= minor_parent < LEAF_BASE + NUM_PRIO:
+            out[minor_parent - LEAF_BASE] = q.get_attr("TCA_OPTIONS").get_attr("TCA_TBF_PARMS")["rate"]
+    return out
+
+
+def set_gate(ipr: IPRoute, index: int, prio: int, params: dict, limit: int, mtu: int) -> None:
+    """Shut or open priority ``prio``'s gate (``shut_gate``/``open_gate`` parameters)."""
+    ipr.tc("change", "tbf", index, gate_handle(prio), parent=class_id(LEAF_BASE + prio), mtu=mtu + ETH_HEADER,
+           limit=limit, **params)
+
+
 def read(ipr: IPRoute, index: int) -> dict:
     """What the kernel has on this egress, in base units."""
     qdiscs = {q["handle"]: q for q in ipr.get_qdiscs(index=index)}
@@ -81,6 +159,12 @@ def read(ipr: IPRoute, index: int) -> dict:
     out: dict = {"kind": kind}
     if kind == "htb":
         classes = [c for c in ipr.get_classes(index=index) if c["handle"] == CLASS]
+        leaves = sorted(c["handle"] & 0xFFFF for c in ipr.get_classes(index=index) if c["parent"] == CLASS)
+        if leaves:
+            out["leaves"] = leaves
+            out["gates"] = gates(ipr, index)
+            control = qdiscs.get(CONTROL_FIFO << 16)
+            out["control_fifo"] = control.get_attr("TCA_KIND") if control is not None else None
         if classes:
             parms = classes[0].get_attr("TCA_OPTIONS").get_attr("TCA_HTB_PARMS")
             out["rate_bps"] = parms["rate"] * 8
@@ -126,6 +210,12 @@ def _verify(got: dict, want: Shaping | DelayLine, where: str, delayed: bool = Fa
             raise fail(f"root qdisc is {got.get('kind')}, not {want.shaper}")
         if abs(got.get("rate_bps", 0) - want.rate_bps) > 8:
             raise fail("rate differs")
+        if want.priorities:
+            if got.get("leaves") != [LEAF_BASE + p for p in range(NUM_PRIO)] + [CONTROL]:
+                raise fail("the per-priority leaves differ")
+            if sorted(got.get("gates", {})) != list(range(NUM_PRIO)) or got.get("control_fifo") != "bfifo":
+                raise fail("a pause gate or the control FIFO is missing")
+            return
         if delayed:
             if got.get("fifo") != "netem" or abs(got.get("delay_s", 0) - want.delay_s) > 1e-6:
                 raise fail("the in-DC delay line under the shaper differs")

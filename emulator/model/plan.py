@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from typing import Iterator
 
 from emulator.errors import BackplaneError, UsageError
-from emulator.model.spec import ETH_HEADER, FabricSpec, WanPath
+from emulator.model import pfc as pfc_model
+from emulator.model.spec import ETH_HEADER, MAX_EMULATED_BUFFER, FabricSpec, WanPath
 
 PROJECT_PREFIX = "bp-"
 DEFAULT_NAME = "main"
@@ -76,6 +77,11 @@ class Shaping:
     # Installed only where the kernel has netem and the delay is worth a timer (MIN_NETEM_DELAY_S).
     delay_s: float = 0.0
     delay_limit_packets: int = 0  # that netem's queue: the delay's BDP and the buffer, in small frames
+    # With PFC: one HTB leaf per priority, each behind a pause gate (a TBF), and a control class
+    # for PAUSE frames; the lossless leaves hold up to this many bytes (the eBPF admission, or
+    # on a host the sockets' send buffers, is what limits them, so the qdisc never drops).
+    priorities: bool = False
+    lossless_limit: int = 0
 
 
 @dataclass(frozen=True)
@@ -215,6 +221,17 @@ class FabricPlan:
         the real delay x dilation)."""
         return max((self.spec.emulated_time(p.delay_s) for p in self.spec.wan_paths), default=0.0)
 
+    def link_of(self, port: Port) -> Link:
+        for link in self.links:
+            if port in (link.a, link.b):
+                return link
+        raise KeyError(f"{port.node}:{port.ifname}")
+
+    def pfc_port(self, port: Port) -> bool:
+        """Whether PFC runs on ``port``'s link: every link but the long-haul ones, whose
+        WAN-facing border ports stay lossy (spec checks refuse lossless across them)."""
+        return self.spec.pfc.enabled and self.link_of(port).kind != "wan"
+
     def intra_delay_applies(self, has_netem: bool) -> bool:
         """Whether the hosts' egress netem holds the in-DC latency: a kernel with netem and a
         dilated delay worth a timer."""
@@ -246,13 +263,22 @@ def build(spec: FabricSpec, name: str = DEFAULT_NAME) -> FabricPlan:
     host_subnets = spec.addressing.hosts.subnets(new_prefix=spec.addressing.host_prefix)
     p2p_subnets = spec.addressing.links.subnets(new_prefix=31)
 
+    # A lossless leaf may hold XOFF + headroom from every other port of its switch at once.
+    most_ports = 1 + max((dc.spines + dc.hosts_per_leaf for dc in spec.datacenters), default=0) + \
+        max((dc.leaves + dc.borders for dc in spec.datacenters), default=0) + len(spec.wan_paths)
+    lossless_limit = 0
+    if spec.pfc.enabled:
+        worst = max(pfc_model.reserved(spec, kind) for kind in ("host", "fabric", "border"))
+        lossless_limit = min(MAX_EMULATED_BUFFER, spec.emulated_size(most_ports * (spec.pfc.xoff + worst)))
+
     def shaping(real_rate: int, real_buffer: int, delay_s: float = 0.0) -> Shaping:
         buf = spec.emulated_size(real_buffer)
         rate = spec.emulated_rate(real_rate)
         limit = 0
         if delay_s:
             limit = math.ceil((NETEM_BDP_FACTOR * rate / 8 * delay_s + buf) / MIN_FRAME)
-        return Shaping(spec.shaper, rate, buf, real_rate, real_buffer, buf, delay_s, limit)
+        return Shaping(spec.shaper, rate, buf, real_rate, real_buffer, buf, delay_s, limit,
+                       spec.pfc.enabled, max(lossless_limit, buf))
 
     def port(node: str, address, peer: str, egress) -> Port:
         k = next_port[node]

@@ -138,6 +138,12 @@ class Pfc:
     xoff: int = 1_000_000  # real bytes of ingress occupancy that send PAUSE
     xon: int = 500_000
     watchdog: PfcWatchdog = field(default_factory=PfcWatchdog)
+    # Real bytes each port's ingress reserves beyond XOFF for what arrives while its PAUSE takes
+    # effect; None: computed (emulator/model/pfc.py). A figure below the computed need is refused.
+    headroom: int | None = None
+    # Lossless across the long-haul paths too: refused with its figure (rate x RTT of headroom);
+    # by default the WAN-facing border ports are lossy, deep-buffered, as in production.
+    long_haul: bool = False
 
 
 @dataclass(frozen=True)
@@ -606,13 +612,15 @@ def _ecmp(r: _Reader, top: dict) -> Ecmp:
 
 
 def _pfc(r: _Reader, top: dict) -> Pfc:
-    m = r.mapping(top.get("pfc"), "pfc", ("enabled", "priority", "xoff", "xon", "watchdog"))
+    m = r.mapping(top.get("pfc"), "pfc", ("enabled", "priority", "xoff", "xon", "headroom", "long_haul", "watchdog"))
     w = r.mapping(m.get("watchdog"), "pfc.watchdog", ("detection_time", "restoration_time", "action"))
     pfc = Pfc(
         enabled=r.get(m, "pfc", "enabled", _bool, False),
         priority=r.get(m, "pfc", "priority", _int(0, 7), 3),
         xoff=r.get(m, "pfc", "xoff", _size, Pfc.xoff),
         xon=r.get(m, "pfc", "xon", _size, Pfc.xon),
+        headroom=r.get(m, "pfc", "headroom", _size, None),
+        long_haul=r.get(m, "pfc", "long_haul", _bool, False),
         watchdog=PfcWatchdog(
             detection_time=r.get(w, "pfc.watchdog", "detection_time", _duration, 0.2),
             restoration_time=r.get(w, "pfc.watchdog", "restoration_time", _duration, 0.2),
@@ -782,4 +790,8 @@ def _check_whole(r: _Reader, spec: FabricSpec, top: dict) -> None:
                                      f"wall time, more than netem holds ({MAX_NETEM_DELAY_S:g} s); lower the dilation")
     if spec.pfc.enabled and spec.emulated_size(spec.pfc.xon) < 1:
         raise r.fail("pfc.xon", "scales to 0 bytes")
+    from emulator.model import pfc as pfc_model  # it reads this module's dataclasses
+
+    for where, why in pfc_model.problems(spec):
+        raise r.fail(where, why)
 

@@ -121,6 +121,7 @@ def fabric(f: "Fabric", measure_rtt: bool = True) -> dict:
     out["datapath"] = spec.ecmp.datapath
     out["congestion"] = {"dcqcn": spec.nic.dcqcn, "dcqcn_overrides": dict(spec.nic.dcqcn_overrides),
                          "ecn": ecn_thresholds(spec)}
+    out["pfc"] = pfc_summary(f)
     if f.datapath is not None:
         from emulator.telemetry import ports as telemetry
 
@@ -133,4 +134,22 @@ def fabric(f: "Fabric", measure_rtt: bool = True) -> dict:
             except MeasurementError as e:
                 entry.update(src=src, dst=dst, error=str(e))
             out["rtt"].append(entry)
+    return out
+
+
+def pfc_summary(f: "Fabric") -> dict:
+    """PFC as the fabric runs it: thresholds, the headroom each link reserves and what it is
+    made of, and the agent's measured reaction against the one the headroom assumes."""
+    from emulator.model import pfc as pfc_model
+
+    spec = f.plan.spec
+    if not spec.pfc.enabled:
+        return {"enabled": False}
+    out = {"enabled": True, "priority": spec.pfc.priority, "xoff": spec.pfc.xoff, "xon": spec.pfc.xon,
+           "headroom": {k: dict(h.as_dict(), reserved=pfc_model.reserved(spec, k))
+                        for k, h in pfc_model.needed(spec).items()},
+           "assumed_reaction_s": pfc_model.EMULATOR_REACTION_S, "long_haul": "lossy (WAN-facing border ports)"}
+    agent = f.datapath.pfc if f.datapath is not None else None
+    if agent is not None:
+        out["agent"] = agent.summary()
     return out

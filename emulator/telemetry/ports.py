@@ -72,6 +72,26 @@ def port_stats(f: "Fabric", port: Port) -> dict:
             q = dp.queue(port.ifindex)
             out["queue"] = {"depth_bytes": q["depth"], "max_depth_bytes": q["max_depth"],
                             "enqueued_bytes": q["enq_bytes"], "dequeued_bytes": q["deq_bytes"]}
+        if plan.pfc_port(port):
+            out["pfc"] = pfc_stats(f, port)
+    return out
+
+
+def pfc_stats(f: "Fabric", port: Port) -> dict:
+    """PFC on one port, per lossless priority: frames sent (requests) and received
+    (indications), headroom drops, the ingress occupancy that decides XOFF, and how long the
+    port's own egress stayed paused (wall seconds)."""
+    dp, spec = f.datapath, f.plan.spec
+    agent = dp.pfc
+    out = {}
+    for prio in (spec.pfc.priority,):
+        row = dp.pfc_counters(port.ifindex, prio)
+        ingress = dp.ingress(port.ifindex, prio)
+        row.update(ingress_bytes=ingress["bytes"], ingress_max_bytes=ingress["max_bytes"],
+                   xoff=ingress["paused"], paused_s=agent.paused_s(port.ifindex, prio) if agent else 0.0,
+                   paused_now=agent.shut(port.ifindex, prio) if agent else False,
+                   headroom_bytes=dp.port_entry(port.ifindex).headroom)
+        out[str(prio)] = row
     return out
 
 

@@ -41,6 +41,16 @@ def test_constants_match():
     assert consts["BP_PROB_ONE"] == S.PROB_ONE
     assert consts["BP_PORT_SWITCH"] == S.PORT_SWITCH
     assert consts["BP_PORT_PEER_TBF"] == S.PORT_PEER_TBF
+    assert consts["BP_PORT_PFC"] == S.PORT_PFC
+    assert consts["BP_PORT_PRIO_QUEUES"] == S.PORT_PRIO_QUEUES
+    assert consts["BP_ETH_P_MAC_CONTROL"] == S.ETH_P_MAC_CONTROL
+    assert consts["BP_PFC_OPCODE"] == S.PFC_OPCODE
+    assert consts["BP_PAUSE_OPCODE"] == S.PAUSE_OPCODE
+    assert consts["BP_ETH_P_KICK"] == S.ETH_P_KICK
+    assert (consts["BP_TC_MAJOR"], consts["BP_TC_LEAF_BASE"], consts["BP_TC_CONTROL"]) == \
+        (S.TC_MAJOR, S.TC_LEAF_BASE, S.TC_CONTROL)
+    assert (consts["BP_EV_XOFF"], consts["BP_EV_XON"], consts["BP_EV_PFC"]) == (S.EV_XOFF, S.EV_XON, S.EV_PFC)
+    assert consts["BP_EVENT_PAGES"] == S.EVENT_PAGES
     assert consts["BP_PACING_ONE"] == S.PACING_ONE
     assert tuple(consts[f"BP_PACING_EDGE_{i}"] for i in range(len(S.PACING_EDGES))) == S.PACING_EDGES
     assert f"BP_PACING_EDGE_{len(S.PACING_EDGES)}" not in consts
@@ -59,6 +69,7 @@ LAYOUT_PROBE = """
 #include "bp_parse.h"
 BPF_ARRAY(meta_layout, struct bp_meta, 1);
 BPF_ARRAY(bth_layout, struct bp_bth, 1);
+BPF_ARRAY(event_layout, struct bp_event, 1);
 """
 
 
@@ -75,6 +86,12 @@ def test_meta_mirror_matches_the_compiled_struct(probe):
     theirs = probe["meta_layout"].Leaf
     assert ct.sizeof(theirs) == ct.sizeof(S.Meta)
     assert layout(theirs) == layout(S.Meta)
+
+
+def test_event_mirror_matches_the_compiled_struct(probe):
+    theirs = probe["event_layout"].Leaf
+    assert ct.sizeof(theirs) == ct.sizeof(S.Event)
+    assert layout(theirs) == layout(S.Event)
 
 
 def test_the_parsers_bth_has_the_wires_layout(probe):

@@ -1,0 +1,293 @@
+"""The PFC agent: the part of 802.1Qbb the kernel programs hand to user space.
+
+The switch programs account each port's ingress per priority and report XOFF and XON
+crossings and received PFC frames through one ring buffer (ebpf/pfc_state.c). One thread of
+the controller serves every namespace of the fabric:
+  - XOFF crossed on port I at priority p: send a PFC frame out of I (class-enable bit p, pause
+    time 0xFFFF quanta) and refresh it every half pause time while the kernel still says XOFF;
+  - XON: send the same frame with pause time 0 (resume);
+  - a PFC frame received on port R: shut R's gate for each enabled lossless priority (its TBF
+    to 8 kbit/s) until the pause time runs out or a resume arrives, then reopen it and send a
+    kick frame, without which the reopened TBF sleeps on.
+It keeps per (port, priority) how long each gate stayed shut and, per PAUSE it caused, the
+reaction from the kernel's XOFF crossing to the upstream gate shut (bench/pfc.py reads it).
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import heapq
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from emulator.bpf import structs as S
+from emulator.fabric import netns, queues
+from emulator.model import pfc as pfc_model
+from emulator.model.plan import FabricPlan, Port, Shaping
+
+PFC_DEST = bytes.fromhex("0180c2000001")  # the MAC control multicast address (802.1Q)
+MIN_FRAME = 60  # without the FCS
+KICK_PAYLOAD = b"backplane kick"
+# The ring is polled at least this often (s), so timers are never later than this.
+MAX_POLL_S = 0.05
+# How long another thread of the process may hold the interpreter while the agent waits.
+SWITCH_INTERVAL_S = 0.0002
+# SCHED_FIFO priority of the agent's thread: above every normal task, far below the kernel's.
+REALTIME_PRIORITY = 10
+# Kept per run for the reaction figure; older samples are dropped first.
+MAX_SAMPLES = 100_000
+
+
+def pfc_frame(src_mac: bytes, vector: int, quanta: Mapping[int, int]) -> bytes:
+    """An 802.1Qbb PFC frame: ``quanta`` per priority (those in ``vector``)."""
+    times = [quanta.get(p, 0) if vector >> p & 1 else 0 for p in range(S.NUM_PRIO)]
+    body = struct.pack("!6s6sHHH8H", PFC_DEST, src_mac, S.ETH_P_MAC_CONTROL, S.PFC_OPCODE, vector, *times)
+    return body.ljust(MIN_FRAME, b"\0")
+
+
+def kick_frame(src_mac: bytes, dst_mac: bytes) -> bytes:
+    return (struct.pack("!6s6sH", dst_mac, src_mac, S.ETH_P_KICK) + KICK_PAYLOAD).ljust(MIN_FRAME, b"\0")
+
+
+def _mac(text: str) -> bytes:
+    return bytes.fromhex(text.replace(":", ""))
+
+
+@dataclass
+class _PortIo:
+    """What the agent needs to act on one port: its socket, netlink and figures."""
+
+    port: Port
+    ns: str
+    ipr: IPRoute
+    sock: socket.socket
+    mac: bytes
+    peer_mac: bytes
+    quantum_s: float  # wall seconds of one pause quantum on this link
+    open: dict  # the open gate's TBF parameters
+    limit: int
+
+
+@dataclass
+class GateState:
+    shut_since: float | None = None  # monotonic s
+    until: float = 0.0  # the pause time runs out (monotonic s)
+    paused_s: float = 0.0  # total time shut
+    shuts: int = 0
+
+
+@dataclass
+class AgentStats:
+    pause_sent: int = 0
+    resume_sent: int = 0
+    refreshes: int = 0
+    gates_shut: int = 0
+    gates_opened: int = 0
+    expired: int = 0  # gates reopened because the pause time ran out
+    errors: list[str] = field(default_factory=list)
+
+
+class PfcAgent:
+    """Serves the fabric's PFC from one thread; ``close()`` stops it."""
+
+    def __init__(self, bpf, plan: FabricPlan) -> None:
+        self.bpf = bpf
+        self.plan = plan
+        spec = plan.spec
+        self.lossless = (spec.pfc.priority,)
+        self.stats = AgentStats()
+        self.gates: dict[tuple[int, int], GateState] = {}
+        self.reactions_ns: list[int] = []  # XOFF crossing -> upstream gate shut
+        self._xoff_at: dict[tuple[int, int], int] = {}  # (upstream port, prio) -> kernel ns of the XOFF
+        self._timers: list[tuple[float, int, str, int, int]] = []
+        self._seq = 0
+        self._refreshing: set[tuple[int, int]] = set()  # (port, prio) with a refresh pending
+        self.realtime: bool | None = None
+        self._io: dict[int, _PortIo] = {}
+        self._iprs: dict[str, IPRoute] = {}
+        for port in plan.ports():
+            if not plan.pfc_port(port) or not isinstance(port.egress, Shaping):
+                continue
+            ns = plan.netns(port.node)
+            if ns not in self._iprs:
+                self._iprs[ns] = netns.iproute(ns)
+            with netns.entered(ns):
+                sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+            sock.bind((port.ifname, 0))
+            kind = plan.link_of(port).kind
+            self._io[port.ifindex] = _PortIo(port, ns, self._iprs[ns], sock, _mac(port.mac),
+                                             _mac(plan.peer(port).mac), pfc_model.quantum_s(spec, kind),
+                                             queues.open_gate(port.egress.rate_bps, spec.mtu),
+                                             port.egress.lossless_limit)
+        self._stop = threading.Event()
+        # The agent shares its process with the controller's requests: without this it could
+        # wait a whole 5 ms switch interval for the interpreter after the kernel woke it.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self.bpf["bp_events"].open_ring_buffer(self._on_event)
+        self._thread = threading.Thread(target=self._run, name="pfc-agent", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for io in self._io.values():
+            io.sock.close()
+        for ipr in self._iprs.values():
+            ipr.close()
+
+    # --- the thread ---
+
+    def _run(self) -> None:
+        # A switch's MAC reacts to PAUSE within a frame; this thread stands in for it on a
+        # machine whose cores the soft-NICs keep busy, so it runs real-time (it mostly sleeps).
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
+            self.realtime = True
+        except (OSError, AttributeError) as e:
+            self.realtime = False
+            self._error(f"the agent runs without real-time priority ({e}): its reaction is the "
+                        "scheduler's, and headroom drops may follow; run as root")
+        while not self._stop.is_set():
+            timeout = MAX_POLL_S
+            if self._timers:
+                timeout = min(timeout, max(0.0, self._timers[0][0] - time.monotonic()))
+            self.bpf.ring_buffer_poll(max(1, int(timeout * 1000)))
+            self._due(time.monotonic())
+
+    def _on_event(self, ctx, data, size) -> int:  # noqa: ARG002 - bcc's callback signature
+        ev = ct.cast(data, ct.POINTER(S.Event)).contents
+        try:
+            if ev.kind == S.EV_XOFF:
+                self._xoff(ev.ifindex, ev.prio, ev.ns)
+            elif ev.kind == S.EV_XON:
+                self._send(ev.ifindex, ev.prio, 0)
+            elif ev.kind == S.EV_PFC:
+                self._received(ev.ifindex, ev.vector, list(ev.quanta))
+        except (OSError, NetlinkError) as e:
+            self._error(f"event {ev.kind} on port {ev.ifindex}: {e}")
+        return 0
+
+    def _error(self, what: str) -> None:
+        if len(self.stats.errors) < 100:
+            self.stats.errors.append(what)
+
+    def _timer(self, due: float, kind: str, ifindex: int, prio: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._timers, (due, self._seq, kind, ifindex, prio))
+
+    def _due(self, now: float) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            _, _, kind, ifindex, prio = heapq.heappop(self._timers)
+            try:
+                if kind == "refresh":
+                    self._refreshing.discard((ifindex, prio))
+                    self._refresh(ifindex, prio)
+                elif kind == "expire":
+                    gate = self.gates.get((ifindex, prio))
+                    if gate and gate.shut_since is not None and gate.until <= now:
+                        self.stats.expired += 1
+                        self._open(ifindex, prio, now)
+            except (OSError, NetlinkError) as e:
+                self._error(f"{kind} on port {ifindex}: {e}")
+
+    # --- sending PAUSE upstream ---
+
+    def _xoff(self, ifindex: int, prio: int, ns: int) -> None:
+        io = self._io.get(ifindex)
+        if io is None:
+            return
+        peer = self.plan.peer(io.port).ifindex
+        self._xoff_at[(peer, prio)] = ns
+        self._send(ifindex, prio, pfc_model.XOFF_QUANTA)
+
+    def _send(self, ifindex: int, prio: int, quanta: int) -> None:
+        io = self._io.get(ifindex)
+        if io is None:
+            return
+        io.sock.send(pfc_frame(io.mac, 1 << prio, {prio: quanta}))
+        if quanta:
+            self.stats.pause_sent += 1
+            if (ifindex, prio) not in self._refreshing:
+                self._refreshing.add((ifindex, prio))
+                self._timer(time.monotonic() + quanta * io.quantum_s / 2, "refresh", ifindex, prio)
+        else:
+            self.stats.resume_sent += 1
+
+    def _refresh(self, ifindex: int, prio: int) -> None:
+        """Half the pause time is gone: pause again while the kernel still holds XOFF."""
+        state = self.bpf["bp_ingress"][ct.c_int(ifindex * S.NUM_PRIO + prio)]
+        if state.paused:
+            self.stats.refreshes += 1
+            self._send(ifindex, prio, pfc_model.XOFF_QUANTA)
+
+    # --- obeying PAUSE from downstream ---
+
+    def _received(self, ifindex: int, vector: int, quanta: list[int]) -> None:
+        io = self._io.get(ifindex)
+        if io is None:
+            return
+        now = time.monotonic()
+        for prio in self.lossless:
+            if not vector >> prio & 1:
+                continue
+            if quanta[prio]:
+                gate = self.gates.setdefault((ifindex, prio), GateState())
+                gate.until = now + quanta[prio] * io.quantum_s
+                if gate.shut_since is None:
+                    queues.set_gate(io.ipr, ifindex, prio, queues.shut_gate(self.plan.spec.mtu), io.limit,
+                                    self.plan.spec.mtu)
+                    gate.shut_since = time.monotonic()
+                    gate.shuts += 1
+                    self.stats.gates_shut += 1
+                    xoff = self._xoff_at.pop((ifindex, prio), None)
+                    if xoff is not None and len(self.reactions_ns) < MAX_SAMPLES:
+                        self.reactions_ns.append(time.monotonic_ns() - xoff)
+                self._timer(gate.until, "expire", ifindex, prio)
+            else:
+                self._open(ifindex, prio, now)
+
+    def _open(self, ifindex: int, prio: int, now: float) -> None:
+        gate = self.gates.get((ifindex, prio))
+        if gate is None or gate.shut_since is None:
+            return
+        io = self._io[ifindex]
+        queues.set_gate(io.ipr, ifindex, prio, io.open, io.limit, self.plan.spec.mtu)
+        io.sock.send(kick_frame(io.mac, io.peer_mac))
+        gate.paused_s += time.monotonic() - gate.shut_since
+        gate.shut_since = None
+        self.stats.gates_opened += 1
+
+    # --- what status and stats show ---
+
+    def paused_s(self, ifindex: int, prio: int) -> float:
+        gate = self.gates.get((ifindex, prio))
+        if gate is None:
+            return 0.0
+        extra = time.monotonic() - gate.shut_since if gate.shut_since is not None else 0.0
+        return gate.paused_s + extra
+
+    def summary(self) -> dict:
+        """The agent's work and its reaction, XOFF crossed to the upstream gate shut (wall s)."""
+        r = sorted(self.reactions_ns)
+
+        def pct(q: float) -> float | None:
+            return r[min(len(r) - 1, int(q * len(r)))] / 1e9 if r else None
+
+        return {"realtime": self.realtime, "pause_sent": self.stats.pause_sent,
+                "resume_sent": self.stats.resume_sent, "refreshes": self.stats.refreshes,
+                "gates_shut": self.stats.gates_shut, "gates_opened": self.stats.gates_opened,
+                "expired": self.stats.expired, "errors": list(self.stats.errors),
+                "reactions": len(r), "reaction_p50_s": pct(0.5), "reaction_p99_s": pct(0.99),
+                "reaction_max_s": r[-1] / 1e9 if r else None}
+
+    def shut(self, ifindex: int, prio: int) -> bool:
+        gate = self.gates.get((ifindex, prio))
+        return gate is not None and gate.shut_since is not None
