@@ -32,6 +32,68 @@ static __always_inline struct bp_pfc_counters *bp_pfc_of(__u32 ifindex, __u32 pr
 	return bp_pfc.lookup(&key);
 }
 
+static __always_inline struct bp_wd *bp_wd_of(__u32 ifindex, __u32 prio)
+{
+	__u32 key = ifindex * BP_NUM_PRIO + (prio & (BP_NUM_PRIO - 1));
+
+	return bp_wd.lookup(&key);
+}
+
+/*
+ * The watchdog's view of a PFC frame received on @ifindex: stamp each priority it pauses (the
+ * agent restores a storm after restoration_time without one) and return the vector to obey,
+ * without the stormed queues whose action ignores PAUSE.
+ */
+static __always_inline __u32 bp_wd_on_pfc(__u32 ifindex, struct bp_pfc_frame *pfc)
+{
+	__u32 vector = bpf_ntohs(pfc->vector), obey = vector;
+	struct bp_pfc_counters *c;
+	struct bp_wd *wd;
+	__u64 now = bpf_ktime_get_ns();
+	int p;
+
+#pragma unroll
+	for (p = 0; p < BP_NUM_PRIO; p++) {
+		if (!((vector >> p) & 1) || !pfc->quanta[p])
+			continue;
+		wd = bp_wd_of(ifindex, p);
+		if (!wd)
+			continue;
+		wd->last_pause_ns = now;
+		if (wd->stormed && wd->action != BP_WD_ALERT) {
+			obey &= ~(1U << p);
+			c = bp_pfc_of(ifindex, p);
+			if (c)
+				c->pause_ignored++;
+		}
+	}
+	return obey;
+}
+
+/* The watchdog on a packet of @prio at port @ifindex: 1 if a stormed queue in drop mode takes
+ * it (counted as @rx or tx drop), else 0 (counted as OK while stormed). */
+static __always_inline int bp_wd_drops(__u32 ifindex, __u32 prio, int rx, int count_ok)
+{
+	struct bp_wd *wd = bp_wd_of(ifindex, prio);
+	struct bp_pfc_counters *c;
+
+	if (!wd || !wd->stormed)
+		return 0;
+	c = bp_pfc_of(ifindex, prio);
+	if (wd->action == BP_WD_DROP) {
+		if (c && rx)
+			c->wd_rx_drop++;
+		else if (c)
+			c->wd_tx_drop++;
+		return 1;
+	}
+	if (c && rx)
+		c->wd_rx_ok++;
+	else if (c && count_ok)
+		c->wd_tx_ok++;
+	return 0;
+}
+
 static __always_inline void bp_event_xon_xoff(__u32 kind, __u32 ifindex, __u32 prio)
 {
 	struct bp_event *ev = bp_events.ringbuf_reserve(sizeof(*ev));

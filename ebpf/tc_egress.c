@@ -15,7 +15,10 @@
  * PAUSE upstream), and is dropped only when the port's headroom is spent, which means PFC
  * reacted too late. The ingress port rides to the dequeue side in the UDP checksum field.
  * Every packet is steered to its priority's HTB leaf (skb->priority), PAUSE frames to the
- * control class that is never paused; PFC frames sent are counted here.
+ * control class that is never paused; PFC frames sent are counted here. With Tagger, a lossless
+ * packet that bounces (in by an up port, out by an up port) moves to the second lossless
+ * priority (its DSCP rewritten); it still counts against its ingress at the priority it came in at.
+ * A queue the PFC watchdog declared stormed in drop mode takes nothing in.
  */
 #include <uapi/linux/bpf.h>
 #include <uapi/linux/pkt_cls.h>
@@ -53,7 +56,7 @@ int bp_tc_egress(struct __sk_buff *skb)
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	__u32 ifindex = skb->ifindex, len = skb->len, zero = 0, dscp, prio, *prio_p, key;
-	__u32 in_ifindex = skb->ingress_ifindex, tag = 0;
+	__u32 in_ifindex = skb->ingress_ifindex, tag = 0, in_prio, tagged = 0;
 	struct bp_cursor c = { .pos = data };
 	struct bp_ingress *ingress = NULL;
 	struct bp_pfc_counters *pfc_cnt;
@@ -81,11 +84,30 @@ int bp_tc_egress(struct __sk_buff *skb)
 	dscp = bp_frame_dscp(data, data_end);
 	prio_p = bp_dscp_prio.lookup(&dscp);
 	prio = prio_p ? (*prio_p & (BP_NUM_PRIO - 1)) : 0;
+	in_port = NULL;
+	if (!control && in_ifindex && in_ifindex < BP_MAX_IFINDEX) {
+		in_port = bp_ports.lookup(&in_ifindex);
+		if (in_port && in_port->node_id != port->node_id)
+			in_port = NULL; /* not forwarded by this switch */
+	}
+	in_prio = prio;
+	/* Tagger: down from a higher tier and up again is a bounce; move it to its own lossless
+	 * priority, so no cycle of paused queues can close through it. */
+	c.pos = data;
+	if (in_port && cfg->tagger_dscp && prio != cfg->tagger_prio && bp_lossless(cfg, prio) &&
+	    (port->flags & BP_PORT_UP) && (in_port->flags & BP_PORT_UP) &&
+	    bp_parse_eth(&c, data_end, &eth) == ETH_P_IP && bp_parse_ipv4(&c, data_end, &iph) >= 0) {
+		bp_ip_set_dscp(iph, cfg->tagger_dscp);
+		prio = cfg->tagger_prio & (BP_NUM_PRIO - 1);
+		tagged = 1;
+	}
 	if (port->flags & BP_PORT_PRIO_QUEUES)
 		skb->priority = (BP_TC_MAJOR << 16) | (control ? BP_TC_CONTROL : BP_TC_LEAF_BASE + prio);
 	cnt = bp_counters.lookup(&ifindex);
 	if (!cnt || !(port->flags & BP_PORT_SWITCH))
 		goto done;
+	if (tagged)
+		cnt->tagged++;
 	key = ifindex * BP_QUEUE_SLOTS + BP_NUM_PRIO;
 	total = bp_queues.lookup(&key);
 	key = ifindex * BP_QUEUE_SLOTS + prio;
@@ -101,27 +123,28 @@ int bp_tc_egress(struct __sk_buff *skb)
 		pdepth = 0;
 	if (control)
 		goto admit; /* MAC control is never dropped, and never marked */
+	if (bp_wd_drops(ifindex, prio, 0, 0)) {
+		rc = TC_ACT_SHOT; /* a stormed queue in drop mode takes nothing in */
+		goto done;
+	}
 	if (port->loss && bpf_get_prandom_u32() < port->loss) {
 		cnt->drop_loss++;
 		rc = TC_ACT_SHOT;
 		goto done;
 	}
 	udph = bp_roce_udp(data, data_end);
-	if (udph && bp_lossless(cfg, prio) && in_ifindex && in_ifindex < BP_MAX_IFINDEX) {
-		in_port = bp_ports.lookup(&in_ifindex);
-		if (in_port && in_port->node_id == port->node_id && (in_port->flags & BP_PORT_PFC))
-			ingress = bp_ingress_of(in_ifindex, prio);
-	}
-	if (ingress) {
+	if (udph && in_port && bp_lossless(cfg, in_prio) && (in_port->flags & BP_PORT_PFC))
+		ingress = bp_ingress_of(in_ifindex, in_prio);
+	if (ingress && in_port) {
 		/* Lossless: what limits it is the ingress port's XOFF plus headroom, not this buffer. */
 		if ((__s64)ingress->bytes + len > (__s64)cfg->xoff + in_port->headroom) {
-			pfc_cnt = bp_pfc_of(in_ifindex, prio);
+			pfc_cnt = bp_pfc_of(in_ifindex, in_prio);
 			if (pfc_cnt)
 				pfc_cnt->drop_headroom++;
 			rc = TC_ACT_SHOT;
 			goto done;
 		}
-		tag = in_ifindex;
+		tag = in_ifindex | (in_prio << BP_TAG_PRIO_SHIFT);
 	} else if (depth + len > port->buffer) {
 		cnt->drop_buffer++;
 		rc = TC_ACT_SHOT;
@@ -139,7 +162,7 @@ admit:
 	bp_enqueue(total, len, depth);
 	bp_enqueue(q, len, pdepth);
 	if (ingress)
-		bp_ingress_add(ingress, cfg, in_ifindex, prio, len);
+		bp_ingress_add(ingress, cfg, in_ifindex, in_prio, len);
 	cnt->tx_pkts++;
 	cnt->tx_bytes += len;
 done:

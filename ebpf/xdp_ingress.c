@@ -129,19 +129,23 @@ static __always_inline void bp_release(struct bp_port *port, __u32 tag, __u32 pr
 		bp_ingress_sub(ingress, cfg, tag, prio, len);
 }
 
-/* Hand a received PFC frame to the agent: it gates this port's egress per priority. */
-static __always_inline void bp_event_pfc(__u32 ifindex, struct bp_pfc_frame *pfc)
+/* Hand a received PFC frame to the agent: it gates this port's egress for the priorities in
+ * @vector (the frame's, less those the watchdog ignores). */
+static __always_inline void bp_event_pfc(__u32 ifindex, struct bp_pfc_frame *pfc, __u32 vector)
 {
-	struct bp_event *ev = bp_events.ringbuf_reserve(sizeof(*ev));
+	struct bp_event *ev;
 	int p;
 
+	if (!vector)
+		return;
+	ev = bp_events.ringbuf_reserve(sizeof(*ev));
 	if (!ev)
 		return;
 	ev->ns = bpf_ktime_get_ns();
 	ev->kind = BP_EV_PFC;
 	ev->ifindex = ifindex;
 	ev->prio = 0;
-	ev->vector = bpf_ntohs(pfc->vector);
+	ev->vector = vector;
 #pragma unroll
 	for (p = 0; p < BP_NUM_PRIO; p++)
 		ev->quanta[p] = bpf_ntohs(pfc->quanta[p]);
@@ -183,15 +187,24 @@ int bp_xdp_ingress(struct xdp_md *ctx)
 		bp_dequeue(port, prio, len);
 		udph = bp_roce_udp(data, data_end);
 		if (udph && udph->check) {
-			bp_release(port, udph->check, prio, len);
+			bp_release(port, udph->check & BP_TAG_IFINDEX_MASK,
+				   (udph->check >> BP_TAG_PRIO_SHIFT) & (BP_NUM_PRIO - 1), len);
 			udph->check = 0;
 		}
+		/* A stormed queue in drop mode discards what it held as it drains. */
+		if (bp_wd_drops(port->peer_queue, prio, 0, 1))
+			rc = XDP_DROP;
 	}
+	/* ... and, in drop mode, what its port receives at that priority. */
+	if (bp_wd_drops(ifindex, prio, 1, 0))
+		rc = XDP_DROP;
+	if (rc == XDP_DROP)
+		goto out;
 	proto = bp_parse_eth(&mc, data_end, &eth);
 	if (proto == BP_ETH_P_MAC_CONTROL) {
 		if (bp_parse_pfc(&mc, data_end, &pfc) == BP_PFC_OPCODE && (port->flags & BP_PORT_PFC)) {
 			bp_pfc_count(ifindex, pfc, 1);
-			bp_event_pfc(ifindex, pfc);
+			bp_event_pfc(ifindex, pfc, bp_wd_on_pfc(ifindex, pfc));
 		} else {
 			cnt->mac_control++;
 		}

@@ -33,6 +33,8 @@
 #define BP_PORT_PFC 4      /* PFC runs on this link: a switch port sends PAUSE upstream when its
 			    * ingress crosses XOFF, and any port honours the PAUSE it receives */
 #define BP_PORT_PRIO_QUEUES 8 /* egress is HTB with a leaf per priority: set skb->priority */
+#define BP_PORT_UP 16      /* a switch port towards a higher tier (leaf to spine, spine to border):
+			    * in by one and out by another is a bounce, which Tagger re-tags */
 
 /* IPv4 ECN codepoints (RFC 3168). */
 #define BP_ECN_MASK 3
@@ -79,10 +81,20 @@
 #define BP_TC_LEAF_BASE 0x10
 #define BP_TC_CONTROL 0x18
 
+/* The ingress tag in the UDP checksum field: port ifindex in the low bits, the priority it came
+ * in at (its ingress accounting's) above; never 0, as ifindexes start at 1. */
+#define BP_TAG_PRIO_SHIFT 12
+#define BP_TAG_IFINDEX_MASK 0xfff
+
 /* What the kernel tells the PFC agent (bp_event.kind). */
 #define BP_EV_XOFF 1  /* a port's ingress crossed XOFF at a priority: send PAUSE upstream */
 #define BP_EV_XON 2   /* it fell below XON: send the resume (quanta 0) */
 #define BP_EV_PFC 3   /* a port received a PFC frame: gate its egress as the quanta say */
+/* The PFC watchdog's actions on a stormed queue (SONiC pfcwd's), as bp_wd.action holds them. */
+#define BP_WD_DROP 1    /* drop its queued and arriving packets, and the port's ingress at that
+			 * priority; ignore its PAUSEs */
+#define BP_WD_FORWARD 2 /* ignore its PAUSEs */
+#define BP_WD_ALERT 3   /* count only */
 /* The events' ring: 64 pages hold ~10,000 events, far beyond what a poll of the agent lags. */
 #define BP_EVENT_PAGES 64
 

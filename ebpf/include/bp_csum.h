@@ -35,4 +35,20 @@ static __always_inline int bp_ip_set_ce(struct iphdr *iph)
 	return 1;
 }
 
+/* Rewrite the DSCP, keeping the ECN bits: the TOS byte shares a 16-bit word with version/IHL,
+ * so the checksum moves by the difference in that word (RFC 1624, eqn. 3). */
+static __always_inline void bp_ip_set_dscp(struct iphdr *iph, __u32 dscp)
+{
+	__u16 *word = (__u16 *)iph;
+	__u16 old = *word;
+	__u32 check;
+
+	iph->tos = (__u8)((dscp << 2) | (iph->tos & BP_ECN_MASK));
+	check = (__u16)~iph->check;
+	check += (__u16)~old + *word;
+	check = (check & 0xffff) + (check >> 16);
+	check = (check & 0xffff) + (check >> 16);
+	iph->check = (__sum16)~check;
+}
+
 #endif /* BP_CSUM_H */

@@ -29,6 +29,8 @@ BPF_ARRAY(bp_pacing, struct bp_pacing, BP_MAX_IFINDEX);
 BPF_ARRAY(bp_ingress, struct bp_ingress, BP_MAX_IFINDEX * BP_NUM_PRIO);
 /* ifindex * BP_NUM_PRIO + priority -> PFC counters, per CPU. */
 BPF_PERCPU_ARRAY(bp_pfc, struct bp_pfc_counters, BP_MAX_IFINDEX * BP_NUM_PRIO);
+/* ifindex * BP_NUM_PRIO + priority -> the watchdog's verdict on that egress queue. */
+BPF_ARRAY(bp_wd, struct bp_wd, BP_MAX_IFINDEX * BP_NUM_PRIO);
 /* XOFF/XON crossings and received PFC frames, for the agent that sends PAUSE and gates queues. */
 BPF_RINGBUF_OUTPUT(bp_events, BP_EVENT_PAGES);
 /* ifindex -> counters, per CPU so the hot path never contends. */

@@ -34,6 +34,8 @@ struct bp_config {
 	__u32 lossless;  /* PFC: bit p set when priority p is lossless (0: PFC off) */
 	__u32 xoff;      /* PFC: a port's ingress bytes at one priority that send PAUSE upstream */
 	__u32 xon;       /* PFC: below this it sends the resume */
+	__u32 tagger_dscp; /* Tagger: DSCP a bouncing lossless packet is rewritten to (0: off) */
+	__u32 tagger_prio; /* ... and the lossless priority that DSCP maps to */
 };
 
 /*
@@ -110,6 +112,7 @@ struct bp_counters {
 	__u64 drop_loss;        /* dropped as the long-haul path's configured loss */
 	__u64 mac_control;      /* 802.3x PAUSE or other MAC control frames: counted, dropped */
 	__u64 kicks;            /* gate restarts received (BP_ETH_P_KICK): dropped */
+	__u64 tagged;           /* lossless packets that bounced here and moved to Tagger's priority */
 };
 
 /*
@@ -132,6 +135,19 @@ struct bp_pfc_counters {
 	__u64 rx_pause;      /* PFC frames received with this priority enabled and a pause time */
 	__u64 rx_resume;
 	__u64 drop_headroom; /* lossless packets the ingress had no headroom left for: PFC failed */
+	__u64 wd_tx_ok;      /* watchdog, while stormed: packets that left the queue */
+	__u64 wd_tx_drop;    /* ... queued or arriving packets it dropped */
+	__u64 wd_rx_ok;      /* ... packets received on the port at this priority */
+	__u64 wd_rx_drop;    /* ... of those, dropped */
+	__u64 pause_ignored; /* PFC frames for this priority not obeyed (drop/forward) */
+};
+
+/* The PFC watchdog's state of one egress queue (port, priority). The agent detects storms and
+ * restores; the kernel acts on what is written here. */
+struct bp_wd {
+	__u32 stormed;       /* 1 from detection to restoration */
+	__u32 action;        /* BP_WD_*, while stormed */
+	__u64 last_pause_ns; /* bpf_ktime_get_ns() of the last PFC frame that paused it */
 };
 
 /* One event for the PFC agent in user space, through the bp_events ring. */

@@ -42,6 +42,8 @@ XDP_ATTACHED_DRV = (1, "xdp")
 # topology names, CNPs on a high one, everything else lossy.
 PRIO_CNP = 6
 PRIO_LOSSY = 0
+# Tagger's DSCP for lossless packets that bounced, next to RoCE data's 26 (the ICRC masks TOS).
+DSCP_TAGGED = 27
 
 BCC_FIX = "sudo scripts/setup.sh (installs python3-bpfcc, clang and kernel headers bcc can use)"
 
@@ -125,20 +127,26 @@ class Datapath:
         cfg.kmin, cfg.kmax, cfg.pmax = kmin, kmax, min(S.PROB_ONE, round(pmax * S.PROB_ONE))
         self.bpf["bp_config"][ct.c_int(0)] = cfg
 
-    def set_pfc(self, lossless: tuple[int, ...], xoff: int, xon: int) -> None:
+    def set_pfc(self, lossless: tuple[int, ...], xoff: int, xon: int, tagger_prio: int | None = None) -> None:
         """PFC's lossless priorities and its XOFF/XON thresholds (bytes of a port's ingress at
-        one priority); no priorities: PFC off."""
+        one priority); no priorities: PFC off. ``tagger_prio``: bounced lossless packets move
+        there (their DSCP rewritten to DSCP_TAGGED), None: Tagger off."""
         if lossless and not 0 < xon <= xoff:
             raise FabricError(f"PFC thresholds XOFF {xoff} and XON {xon}: need 0 < XON <= XOFF")
+        if tagger_prio is not None and tagger_prio not in lossless:
+            raise FabricError(f"Tagger's priority {tagger_prio} must be lossless too ({lossless})")
         cfg = self.config()
         cfg.lossless = sum(1 << p for p in lossless)
         cfg.xoff, cfg.xon = xoff, xon
+        cfg.tagger_dscp, cfg.tagger_prio = (DSCP_TAGGED, tagger_prio) if tagger_prio is not None else (0, 0)
         self.bpf["bp_config"][ct.c_int(0)] = cfg
 
-    def set_dscp_prio(self, lossless_prio: int) -> None:
+    def set_dscp_prio(self, lossless_prio: int, tagger_prio: int | None = None) -> None:
         t = self.bpf["bp_dscp_prio"]
         for dscp in range(64):
             prio = lossless_prio if dscp == wire.DSCP_DATA else PRIO_CNP if dscp == wire.DSCP_CNP else PRIO_LOSSY
+            if dscp == DSCP_TAGGED and tagger_prio is not None:
+                prio = tagger_prio
             t[ct.c_int(dscp)] = ct.c_uint32(prio)
 
     def set_port(self, ifindex: int, port: S.Port) -> None:

@@ -19,6 +19,10 @@ from emulator.model import pfc as pfc_model
 from emulator.model.spec import FabricSpec
 
 
+# Tiers of the Clos, for Tagger's "up": a port towards a higher tier.
+TIERS = {"leaf": 1, "spine": 2, "border": 3}
+
+
 def port_entry(plan: FabricPlan, port: Port, loss_in_ebpf: bool = False) -> S.Port:
     """The port table's entry. With ``loss_in_ebpf`` (no netem delay lines), a border's port
     towards a fiber drops with that long-haul path's configured loss."""
@@ -40,6 +44,9 @@ def port_entry(plan: FabricPlan, port: Port, loss_in_ebpf: bool = False) -> S.Po
         headroom = plan.spec.emulated_size(pfc_model.reserved(plan.spec, plan.link_of(port).kind))
     if isinstance(port.egress, Shaping) and port.egress.priorities:
         flags |= S.PORT_PRIO_QUEUES
+    peer_role = plan.node(plan.next_hop(port).node).role
+    if switch and peer_role in SWITCH_ROLES and TIERS[peer_role] > TIERS[node.role]:
+        flags |= S.PORT_UP
     return S.Port(node.uid, flags, peer_queue, buffer, S.mac_bytes(port.mac),
                   S.mac_bytes(plan.next_hop(port).mac), min(0xFFFFFFFF, round(loss * 2**32)),
                   shaped.rate_bps // 8 if shaped else 0, headroom)
@@ -56,9 +63,11 @@ def program(datapath: Datapath, plan: FabricPlan, loss_in_ebpf: bool = False) ->
     """Write the plan's ports, routes and settings into the maps; returns the routes written."""
     spec = plan.spec
     config(datapath, spec)
-    datapath.set_dscp_prio(spec.pfc.priority)
+    tagger = spec.pfc.tagger_priority if spec.pfc.enabled and spec.pfc.deadlock_avoidance == "tagger" else None
+    datapath.set_dscp_prio(spec.pfc.priority, tagger)
     if spec.pfc.enabled:
-        datapath.set_pfc((spec.pfc.priority,), spec.emulated_size(spec.pfc.xoff), spec.emulated_size(spec.pfc.xon))
+        datapath.set_pfc(spec.pfc.lossless, spec.emulated_size(spec.pfc.xoff), spec.emulated_size(spec.pfc.xon),
+                         tagger)
     for port in plan.ports():
         datapath.set_port(port.ifindex, port_entry(plan, port, loss_in_ebpf))
     routes = 0

@@ -11,9 +11,18 @@ the controller serves every namespace of the fabric:
     kick frame, without which the reopened TBF sleeps on.
 It keeps per (port, priority) how long each gate stayed shut and, per PAUSE it caused, the
 reaction from the kernel's XOFF crossing to the upstream gate shut (bench/pfc.py reads it).
+
+The watchdog (SONiC pfcwd's semantics) polls the switches' gates: a lossless queue shut without
+a break for detection_time while it holds packets is stormed; the kernel then acts on its
+action (drop: its queued and arriving packets, and the port's ingress at that priority, are
+dropped and its PAUSEs ignored; forward: its PAUSEs are ignored; alert: counted only), and
+restoration_time without a PAUSE for it restores the queue. Times are the real fabric's,
+dilated. Storms are injected here too: a port made to send PAUSE continuously (a stuck NIC).
+Requests from the controller's thread run on the agent's thread (call()), which owns all state.
 """
 from __future__ import annotations
 
+import collections
 import ctypes as ct
 import heapq
 import os
@@ -25,13 +34,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
-
 from emulator.bpf import structs as S
+from emulator.errors import FabricError
 from emulator.fabric import netns, queues
 from emulator.model import pfc as pfc_model
-from emulator.model.plan import FabricPlan, Port, Shaping
+from emulator.model.plan import SWITCH_ROLES, FabricPlan, Port, Shaping
 
 PFC_DEST = bytes.fromhex("0180c2000001")  # the MAC control multicast address (802.1Q)
 MIN_FRAME = 60  # without the FCS
@@ -63,17 +70,15 @@ def _mac(text: str) -> bytes:
 
 @dataclass
 class _PortIo:
-    """What the agent needs to act on one port: its socket, netlink and figures."""
+    """What the agent needs to act on one port: its socket, gates and figures."""
 
     port: Port
     ns: str
-    ipr: IPRoute
     sock: socket.socket
     mac: bytes
     peer_mac: bytes
     quantum_s: float  # wall seconds of one pause quantum on this link
-    open: dict  # the open gate's TBF parameters
-    limit: int
+    gates: dict[int, queues.Gate]  # lossless priority -> its pause gate
 
 
 @dataclass
@@ -82,6 +87,56 @@ class GateState:
     until: float = 0.0  # the pause time runs out (monotonic s)
     paused_s: float = 0.0  # total time shut
     shuts: int = 0
+
+
+@dataclass
+class WatchdogConfig:
+    """Times in the real fabric's seconds (the agent dilates them)."""
+
+    enabled: bool
+    action: str
+    detection_s: float
+    restoration_s: float
+    poll_s: float
+
+    def as_dict(self) -> dict:
+        return {"enabled": self.enabled, "action": self.action, "detection_time_s": self.detection_s,
+                "restoration_time_s": self.restoration_s, "poll_interval_s": self.poll_s}
+
+
+@dataclass
+class Storm:
+    """One storm the watchdog saw on a queue: wall monotonic seconds."""
+
+    port: str
+    prio: int
+    action: str
+    paused_at: float  # the gate shut, and stayed shut
+    detected_at: float
+    restored_at: float | None = None
+    last_pause_at: float | None = None  # the last PAUSE before restoration
+
+    def as_dict(self) -> dict:
+        return {"port": self.port, "prio": self.prio, "action": self.action, "paused_at": self.paused_at,
+                "detected_at": self.detected_at, "restored_at": self.restored_at,
+                "last_pause_at": self.last_pause_at}
+
+
+@dataclass
+class Injection:
+    """A port made to send PAUSE without end (a stuck NIC): wall monotonic seconds."""
+
+    port: str
+    prio: int
+    started_at: float
+    until: float  # inf: until stopped
+    ended_at: float | None = None
+    frames: int = 0
+
+    def as_dict(self) -> dict:
+        return {"port": self.port, "prio": self.prio, "started_at": self.started_at,
+                "until": None if self.until == float("inf") else self.until, "ended_at": self.ended_at,
+                "frames": self.frames}
 
 
 @dataclass
@@ -102,7 +157,7 @@ class PfcAgent:
         self.bpf = bpf
         self.plan = plan
         spec = plan.spec
-        self.lossless = (spec.pfc.priority,)
+        self.lossless = spec.pfc.lossless
         self.stats = AgentStats()
         self.gates: dict[tuple[int, int], GateState] = {}
         self.reactions_ns: list[int] = []  # XOFF crossing -> upstream gate shut
@@ -112,21 +167,31 @@ class PfcAgent:
         self._refreshing: set[tuple[int, int]] = set()  # (port, prio) with a refresh pending
         self.realtime: bool | None = None
         self._io: dict[int, _PortIo] = {}
-        self._iprs: dict[str, IPRoute] = {}
+        self._netlink: dict[str, socket.socket] = {}
         for port in plan.ports():
             if not plan.pfc_port(port) or not isinstance(port.egress, Shaping):
                 continue
             ns = plan.netns(port.node)
-            if ns not in self._iprs:
-                self._iprs[ns] = netns.iproute(ns)
             with netns.entered(ns):
                 sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+                if ns not in self._netlink:
+                    self._netlink[ns] = queues.netlink_socket()
             sock.bind((port.ifname, 0))
             kind = plan.link_of(port).kind
-            self._io[port.ifindex] = _PortIo(port, ns, self._iprs[ns], sock, _mac(port.mac),
-                                             _mac(plan.peer(port).mac), pfc_model.quantum_s(spec, kind),
-                                             queues.open_gate(port.egress.rate_bps, spec.mtu),
-                                             port.egress.lossless_limit)
+            where = f"{ns}:{port.ifname}"
+            gates = {p: queues.Gate(self._netlink[ns], port.ifindex, p, queues.open_gate(port.egress.rate_bps, spec.mtu),
+                                    port.egress.lossless_limit, spec.mtu, where) for p in self.lossless}
+            self._io[port.ifindex] = _PortIo(port, ns, sock, _mac(port.mac), _mac(plan.peer(port).mac),
+                                             pfc_model.quantum_s(spec, kind), gates)
+        wd = spec.pfc.watchdog
+        self.watchdog = WatchdogConfig(wd.enabled, wd.action, wd.detection_time, wd.restoration_time,
+                                       wd.poll_interval)
+        self.storms: list[Storm] = []
+        self.injections: dict[tuple[int, int], Injection] = {}
+        self.injected: list[Injection] = []
+        self._commands: collections.deque = collections.deque()
+        if self.watchdog.enabled:
+            self._timer(time.monotonic() + self._wall(self.watchdog.poll_s), "watch", 0, 0)
         self._stop = threading.Event()
         # The agent shares its process with the controller's requests: without this it could
         # wait a whole 5 ms switch interval for the interpreter after the kernel woke it.
@@ -140,10 +205,32 @@ class PfcAgent:
         self._thread.join(timeout=5)
         for io in self._io.values():
             io.sock.close()
-        for ipr in self._iprs.values():
-            ipr.close()
+        for sock in self._netlink.values():
+            sock.close()
 
     # --- the thread ---
+
+    def _wall(self, real_s: float) -> float:
+        return self.plan.spec.emulated_time(real_s)
+
+    def call(self, fn, timeout: float = 10.0):
+        """Run ``fn()`` on the agent's thread, which owns the state, and return its result."""
+        done = threading.Event()
+        box: dict = {}
+
+        def run() -> None:
+            try:
+                box["value"] = fn()
+            except Exception as e:  # noqa: BLE001 - handed back to the caller
+                box["error"] = e
+            done.set()
+
+        self._commands.append(run)
+        if not done.wait(timeout):
+            raise TimeoutError("the PFC agent did not answer")
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
 
     def _run(self) -> None:
         # A switch's MAC reacts to PAUSE within a frame; this thread stands in for it on a
@@ -159,7 +246,11 @@ class PfcAgent:
             timeout = MAX_POLL_S
             if self._timers:
                 timeout = min(timeout, max(0.0, self._timers[0][0] - time.monotonic()))
-            self.bpf.ring_buffer_poll(max(1, int(timeout * 1000)))
+            if self._commands:
+                timeout = 0.0
+            self.bpf.ring_buffer_poll(max(1, int(timeout * 1000)) if timeout else 0)
+            while self._commands:
+                self._commands.popleft()()
             self._due(time.monotonic())
 
     def _on_event(self, ctx, data, size) -> int:  # noqa: ARG002 - bcc's callback signature
@@ -171,7 +262,7 @@ class PfcAgent:
                 self._send(ev.ifindex, ev.prio, 0)
             elif ev.kind == S.EV_PFC:
                 self._received(ev.ifindex, ev.vector, list(ev.quanta))
-        except (OSError, NetlinkError) as e:
+        except (OSError, FabricError) as e:
             self._error(f"event {ev.kind} on port {ev.ifindex}: {e}")
         return 0
 
@@ -195,7 +286,13 @@ class PfcAgent:
                     if gate and gate.shut_since is not None and gate.until <= now:
                         self.stats.expired += 1
                         self._open(ifindex, prio, now)
-            except (OSError, NetlinkError) as e:
+                elif kind == "watch":
+                    if self.watchdog.enabled:
+                        self._watch(now)
+                        self._timer(now + self._wall(self.watchdog.poll_s), "watch", 0, 0)
+                elif kind == "storm":
+                    self._storm_tick(ifindex, prio, now)
+            except (OSError, FabricError) as e:
                 self._error(f"{kind} on port {ifindex}: {e}")
 
     # --- sending PAUSE upstream ---
@@ -242,8 +339,7 @@ class PfcAgent:
                 gate = self.gates.setdefault((ifindex, prio), GateState())
                 gate.until = now + quanta[prio] * io.quantum_s
                 if gate.shut_since is None:
-                    queues.set_gate(io.ipr, ifindex, prio, queues.shut_gate(self.plan.spec.mtu), io.limit,
-                                    self.plan.spec.mtu)
+                    io.gates[prio].shut()
                     gate.shut_since = time.monotonic()
                     gate.shuts += 1
                     self.stats.gates_shut += 1
@@ -259,11 +355,138 @@ class PfcAgent:
         if gate is None or gate.shut_since is None:
             return
         io = self._io[ifindex]
-        queues.set_gate(io.ipr, ifindex, prio, io.open, io.limit, self.plan.spec.mtu)
+        io.gates[prio].open()
         io.sock.send(kick_frame(io.mac, io.peer_mac))
         gate.paused_s += time.monotonic() - gate.shut_since
         gate.shut_since = None
         self.stats.gates_opened += 1
+
+    # --- the watchdog ---
+
+    def _wd_key(self, ifindex: int, prio: int) -> ct.c_int:
+        return ct.c_int(ifindex * S.NUM_PRIO + prio)
+
+    def _watch(self, now: float) -> None:
+        """One poll: storms detected and restored (SONiC's pfcwd loop)."""
+        wd_map = self.bpf["bp_wd"]
+        detect, restore = self._wall(self.watchdog.detection_s), self._wall(self.watchdog.restoration_s)
+        for (ifindex, prio), gate in list(self.gates.items()):
+            io = self._io[ifindex]
+            if self.plan.node(io.port.node).role not in SWITCH_ROLES:
+                continue  # a NIC's own queues: the switch's watchdog guards the fabric
+            state = wd_map[self._wd_key(ifindex, prio)]
+            if not state.stormed:
+                if gate.shut_since is not None and now - gate.shut_since >= detect and self._depth(ifindex, prio):
+                    self._storm_detected(ifindex, prio, gate, now)
+                continue
+            last = state.last_pause_ns / 1e9
+            if time.monotonic() - last >= restore:
+                state.stormed = 0
+                wd_map[self._wd_key(ifindex, prio)] = state
+                storm = next((s for s in reversed(self.storms) if (s.port, s.prio) == (self._name(ifindex), prio)
+                              and s.restored_at is None), None)
+                if storm is not None:
+                    storm.restored_at, storm.last_pause_at = now, last
+
+    def _depth(self, ifindex: int, prio: int) -> int:
+        q = self.bpf["bp_queues"][ct.c_int(ifindex * S.QUEUE_SLOTS + prio)]
+        return max(0, ct.c_int64(q.enq_bytes - q.deq_bytes).value)
+
+    def _name(self, ifindex: int) -> str:
+        port = self._io[ifindex].port
+        return f"{port.node}:{port.ifname}"
+
+    def _storm_detected(self, ifindex: int, prio: int, gate: GateState, now: float) -> None:
+        action = self.watchdog.action
+        state = S.Watchdog(1, S.WD_ACTIONS[action], self.bpf["bp_wd"][self._wd_key(ifindex, prio)].last_pause_ns)
+        self.bpf["bp_wd"][self._wd_key(ifindex, prio)] = state
+        self.storms.append(Storm(self._name(ifindex), prio, action, gate.shut_since, now))
+        if action != "alert":
+            self._open(ifindex, prio, now)  # its PAUSEs are ignored from here on
+
+    def set_watchdog(self, **changes) -> dict:
+        """pfcwd start/stop: change the config; stopping restores every stormed queue."""
+        def apply() -> dict:
+            was = self.watchdog.enabled
+            for key, value in changes.items():
+                if value is not None:
+                    setattr(self.watchdog, key, value)
+            if self.watchdog.enabled and not was:
+                self._timer(time.monotonic() + self._wall(self.watchdog.poll_s), "watch", 0, 0)
+            if not self.watchdog.enabled:
+                now = time.monotonic()
+                for key in list(self.gates):
+                    k = self._wd_key(*key)
+                    state = self.bpf["bp_wd"][k]
+                    if state.stormed:
+                        state.stormed = 0
+                        self.bpf["bp_wd"][k] = state
+                        for storm in self.storms:
+                            if (storm.port, storm.prio) == (self._name(key[0]), key[1]) and storm.restored_at is None:
+                                storm.restored_at = now
+            return self.watchdog.as_dict()
+
+        return self.call(apply)
+
+    def watchdog_stats(self, counters) -> list[dict]:
+        """Per lossless queue of every switch port: SONiC's `pfcwd show stats` columns."""
+        rows = []
+        for ifindex, io in self._io.items():
+            if self.plan.node(io.port.node).role not in SWITCH_ROLES:
+                continue
+            for prio in self.lossless:
+                c = counters(ifindex, prio)
+                name = self._name(ifindex)
+                storms = [s for s in self.storms if (s.port, s.prio) == (name, prio)]
+                state = self.bpf["bp_wd"][self._wd_key(ifindex, prio)]
+                rows.append({"queue": f"{name}:{prio}", "status": "stormed" if state.stormed else "operational",
+                             "storm_detected": len(storms),
+                             "storm_restored": sum(1 for s in storms if s.restored_at is not None),
+                             "tx_ok": c["wd_tx_ok"], "tx_drop": c["wd_tx_drop"], "rx_ok": c["wd_rx_ok"],
+                             "rx_drop": c["wd_rx_drop"], "pause_ignored": c["pause_ignored"]})
+        return rows
+
+    # --- injected storms ---
+
+    def inject_storm(self, ifindex: int, prio: int, for_real_s: float | None) -> dict:
+        """Make port ``ifindex`` send PAUSE for ``prio`` without end, or for ``for_real_s``."""
+        if ifindex not in self._io:
+            raise KeyError(ifindex)
+
+        def start() -> dict:
+            now = time.monotonic()
+            until = now + self._wall(for_real_s) if for_real_s else float("inf")
+            inj = Injection(self._name(ifindex), prio, now, until)
+            self.injections[(ifindex, prio)] = inj
+            self.injected.append(inj)
+            self._storm_tick(ifindex, prio, now)
+            return inj.as_dict()
+
+        return self.call(start)
+
+    def stop_storm(self, ifindex: int, prio: int) -> dict | None:
+        def stop() -> dict | None:
+            inj = self.injections.pop((ifindex, prio), None)
+            if inj is None:
+                return None
+            inj.ended_at = time.monotonic()
+            return inj.as_dict()
+
+        return self.call(stop)
+
+    def _storm_tick(self, ifindex: int, prio: int, now: float) -> None:
+        inj = self.injections.get((ifindex, prio))
+        if inj is None:
+            return
+        if now >= inj.until:
+            inj.ended_at = now
+            del self.injections[(ifindex, prio)]
+            return
+        io = self._io[ifindex]
+        io.sock.send(pfc_frame(io.mac, 1 << prio, {prio: pfc_model.XOFF_QUANTA}))
+        inj.frames += 1
+        # A stuck NIC repeats its PAUSE long before it runs out.
+        self._timer(min(inj.until, now + pfc_model.XOFF_QUANTA * io.quantum_s / 4), "storm", ifindex, prio)
 
     # --- what status and stats show ---
 
@@ -286,7 +509,10 @@ class PfcAgent:
                 "gates_shut": self.stats.gates_shut, "gates_opened": self.stats.gates_opened,
                 "expired": self.stats.expired, "errors": list(self.stats.errors),
                 "reactions": len(r), "reaction_p50_s": pct(0.5), "reaction_p99_s": pct(0.99),
-                "reaction_max_s": r[-1] / 1e9 if r else None}
+                "reaction_max_s": r[-1] / 1e9 if r else None,
+                "over_assumed": sum(1 for x in r if x / 1e9 > pfc_model.EMULATOR_REACTION_S),
+                "watchdog": self.watchdog.as_dict(), "storms": [s.as_dict() for s in self.storms],
+                "injected": [i.as_dict() for i in self.injected], "now": time.monotonic()}
 
     def shut(self, ifindex: int, prio: int) -> bool:
         gate = self.gates.get((ifindex, prio))

@@ -26,6 +26,9 @@ PORT_SWITCH = 1
 PORT_PEER_TBF = 2
 PORT_PFC = 4
 PORT_PRIO_QUEUES = 8
+PORT_UP = 16
+TAG_PRIO_SHIFT = 12
+TAG_IFINDEX_MASK = 0xFFF
 
 # 802.1Qbb PFC and the frames around it.
 ETH_P_MAC_CONTROL = 0x8808
@@ -41,6 +44,8 @@ EV_XOFF = 1
 EV_XON = 2
 EV_PFC = 3
 EVENT_PAGES = 64
+# The watchdog's actions (bp_wd.action), by spec.PFC_WATCHDOG_ACTIONS' names.
+WD_ACTIONS = {"drop": 1, "forward": 2, "alert": 3}
 
 # Dequeue pacing: busy gap / ideal gap, binned at these edges (in 1/PACING_ONE).
 PACING_ONE = 100
@@ -76,6 +81,8 @@ class Config(ct.Structure):
         ("lossless", ct.c_uint32),
         ("xoff", ct.c_uint32),
         ("xon", ct.c_uint32),
+        ("tagger_dscp", ct.c_uint32),
+        ("tagger_prio", ct.c_uint32),
     ]
 
 
@@ -122,7 +129,7 @@ class Counters(ct.Structure):
         "rx_pkts", "rx_bytes", "roce_pkts", "kernel_pkts", "no_route", "ttl_expired", "fragments",
         "drop_truncated", "drop_ip_version", "drop_ip_header", "drop_roce_header", "fwd_pkts",
         "fwd_bytes", "tx_pkts", "tx_bytes", "ecn_marks", "drop_buffer", "drop_no_port", "drop_loss",
-        "mac_control", "kicks",
+        "mac_control", "kicks", "tagged",
     )]
 
 
@@ -137,8 +144,17 @@ class Ingress(ct.Structure):
 
 class PfcCounters(ct.Structure):
     _fields_ = [(name, ct.c_uint64) for name in (
-        "tx_pause", "tx_resume", "rx_pause", "rx_resume", "drop_headroom",
+        "tx_pause", "tx_resume", "rx_pause", "rx_resume", "drop_headroom", "wd_tx_ok", "wd_tx_drop",
+        "wd_rx_ok", "wd_rx_drop", "pause_ignored",
     )]
+
+
+class Watchdog(ct.Structure):
+    _fields_ = [
+        ("stormed", ct.c_uint32),
+        ("action", ct.c_uint32),
+        ("last_pause_ns", ct.c_uint64),
+    ]
 
 
 PFC_COUNTER_NAMES = tuple(name for name, _ in PfcCounters._fields_)
@@ -170,6 +186,7 @@ MIRRORS = {
     "bp_counters": (Counters, "bp_counters", "leaf"),
     "bp_ingress": (Ingress, "bp_ingress", "leaf"),
     "bp_pfc_counters": (PfcCounters, "bp_pfc", "leaf"),
+    "bp_wd": (Watchdog, "bp_wd", "leaf"),
 }
 
 

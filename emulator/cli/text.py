@@ -252,3 +252,23 @@ def format_port_table(ports: list[dict], tm: TimeModel, before: dict | None = No
         shares = "  ".join(f"{i}:{n / total:.0%}" for i, n in sorted(per_path))
         lines.append(f"  {node} RoCE packets per long-haul path: {shares}")
     return lines
+
+
+def format_pfcwd_config(cfg: dict) -> list[str]:
+    """pfcwd's config, as SONiC's `pfcwd show config` lists it (times are the real fabric's)."""
+    state = "started" if cfg["enabled"] else "stopped"
+    return [f"PFC watchdog {state}: action {cfg['action']}, detection time "
+            f"{units.format_duration(cfg['detection_time_s'])}, restoration time "
+            f"{units.format_duration(cfg['restoration_time_s'])}, poll interval "
+            f"{units.format_duration(cfg['poll_interval_s'])} (real; dilated while running)"]
+
+
+def format_pfcwd_stats(rows: list[dict]) -> list[str]:
+    """SONiC's `pfcwd show stats` columns, one lossless queue per line."""
+    lines = [f"{'QUEUE':<22} {'STATUS':<12} {'STORM DETECTED/RESTORED':>24} {'TX OK/DROP':>18} "
+             f"{'RX OK/DROP':>18}"]
+    for r in rows:
+        storms = f"{r['storm_detected']}/{r['storm_restored']}"
+        tx, rx = f"{r['tx_ok']}/{r['tx_drop']}", f"{r['rx_ok']}/{r['rx_drop']}"
+        lines.append(f"{r['queue']:<22} {r['status']:<12} {storms:>24} {tx:>18} {rx:>18}")
+    return lines

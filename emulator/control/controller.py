@@ -146,12 +146,73 @@ class Controller:
                                     c["drop_buffer"]))
         return {"ok": True, **PortSample(time.monotonic(), rows).as_dict()}
 
-    def _pfc(self, request: dict) -> dict:
-        # The PFC agent's work and its measured reaction.
+    def _agent(self):
         dp = self._datapath()
         if dp.pfc is None:
-            raise errors.BackplaneError(f"fabric {self.plan.name!r} does not run PFC (pfc.enabled: false)")
-        return {"ok": True, "pfc": dp.pfc.summary()}
+            raise errors.UsageError(f"fabric {self.plan.name!r} does not run PFC (pfc.enabled: false)")
+        return dp
+
+    def _pfc(self, request: dict) -> dict:
+        # The PFC agent's work, its measured reaction, the watchdog's storms and injections.
+        agent = self._agent().pfc
+        body = agent.summary()
+        if request.get("samples"):
+            body["reactions_s"] = [ns / 1e9 for ns in agent.reactions_ns]
+        return {"ok": True, "pfc": body}
+
+    def _pfcwd(self, request: dict) -> dict:
+        # SONiC's pfcwd verbs: start (with changes), stop, config, stats.
+        dp = self._agent()
+        cmd = request.get("cmd")
+        if cmd == "start":
+            action = request.get("action")
+            if action is not None and action not in spec.PFC_WATCHDOG_ACTIONS:
+                raise errors.UsageError(f"action {action!r}: use one of {', '.join(spec.PFC_WATCHDOG_ACTIONS)}")
+            changes = {k: request.get(k) for k in ("action", "detection_s", "restoration_s", "poll_s")}
+            for key in ("detection_s", "restoration_s", "poll_s"):
+                if changes[key] is not None and not float(changes[key]) > 0:
+                    raise errors.UsageError(f"{key}: must be a positive time")
+            return {"ok": True, "config": dp.pfc.set_watchdog(enabled=True, **changes)}
+        if cmd == "stop":
+            return {"ok": True, "config": dp.pfc.set_watchdog(enabled=False)}
+        if cmd == "config":
+            return {"ok": True, "config": dp.pfc.watchdog.as_dict(), "time_model": self.plan.spec.time.as_dict()}
+        if cmd == "stats":
+            return {"ok": True, "stats": dp.pfc.watchdog_stats(dp.pfc_counters),
+                    "storms": [s.as_dict() for s in dp.pfc.storms]}
+        raise errors.UsageError(f"pfcwd {cmd!r}: use start, stop, config or stats")
+
+    def _inject(self, request: dict) -> dict:
+        # Faults on a running fabric: a PFC storm from a port (a stuck NIC).
+        dp = self._agent()
+        if request.get("kind") != "pfc-storm":
+            raise errors.UsageError(f"inject {request.get('kind')!r}: this controller injects pfc-storm")
+        node = str(request.get("node"))
+        try:
+            role = self.plan.node(node).role
+        except KeyError:
+            raise errors.UsageError(f"no node {node!r} in fabric {self.plan.name!r}") from None
+        ifname = request.get("ifname")
+        ports = list(self.plan.ports(node))
+        if ifname is None:
+            if len(ports) != 1:
+                raise errors.UsageError(f"{node} ({role}) has {len(ports)} ports: name one with --port "
+                                        f"({', '.join(p.ifname for p in ports)})")
+            port = ports[0]
+        else:
+            port = next((p for p in ports if p.ifname == ifname), None)
+            if port is None:
+                raise errors.UsageError(f"{node} has no port {ifname!r}")
+        if not self.plan.pfc_port(port):
+            raise errors.UsageError(f"{node}:{port.ifname} is on a long-haul path: PFC does not run there")
+        prio = int(request.get("priority", self.plan.spec.pfc.priority))
+        if not 0 <= prio < 8:
+            raise errors.UsageError(f"priority {prio}: use 0..7")
+        if request.get("stop"):
+            return {"ok": True, "storm": dp.pfc.stop_storm(port.ifindex, prio)}
+        duration = request.get("for_s")
+        return {"ok": True, "storm": dp.pfc.inject_storm(port.ifindex, prio, float(duration) if duration else None),
+                "now": time.monotonic()}
 
     def _set_hash(self, request: dict) -> dict:
         mode = request.get("hash")
@@ -168,7 +229,8 @@ class Controller:
         return {"ok": True, "down_seconds": time.monotonic() - started}
 
     HANDLERS = {"ping": _ping, "status": _status, "plan": _plan, "fidelity": _fidelity, "stats": _stats,
-                "queue": _queue, "pacing": _pacing, "sample": _sample, "pfc": _pfc, "set_hash": _set_hash, "down": _down}
+                "queue": _queue, "pacing": _pacing, "sample": _sample, "pfc": _pfc, "pfcwd": _pfcwd,
+                "inject": _inject, "set_hash": _set_hash, "down": _down}
 
     def serve(self, listener: socket.socket) -> None:
         while True:

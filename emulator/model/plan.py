@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Iterator
 
-from emulator.errors import BackplaneError, UsageError
+from emulator.errors import BackplaneError, SpecError, UsageError
 from emulator.model import pfc as pfc_model
 from emulator.model.spec import ETH_HEADER, MAX_EMULATED_BUFFER, FabricSpec, WanPath
 
@@ -344,7 +344,35 @@ def build(spec: FabricSpec, name: str = DEFAULT_NAME) -> FabricPlan:
             links.append(pair("wan", port(fiber, None, wb, line),
                               port(wb, wa, fiber, shaping(p.rate_bps, border_buf)), p.index))
     links_t = tuple(links)
-    return FabricPlan(name, spec, tuple(nodes), links_t, _routes(nodes, links_t))
+    routes = _routes(nodes, links_t)
+    _override(spec, nodes, links_t, routes)
+    return FabricPlan(name, spec, tuple(nodes), links_t, routes)
+
+
+def _override(spec: FabricSpec, nodes: list[Node], links: tuple[Link, ...],
+              routes: dict[str, tuple[Route, ...]]) -> None:
+    """Apply the topology's static routes (``routes:``) over the computed ones, in place."""
+    role = {n.name: n.role for n in nodes}
+    for i, o in enumerate(spec.routes):
+        where = f"routes[{i}]"
+        for key in ("node", "to", "via"):
+            if getattr(o, key) not in role:
+                raise SpecError(spec.source, f"{where}.{key}", f"no node {getattr(o, key)!r} in this topology")
+        if role[o.node] not in SWITCH_ROLES:
+            raise SpecError(spec.source, f"{where}.node", f"{o.node} is a {role[o.node]}: only switches route")
+        if role[o.to] != "leaf":
+            raise SpecError(spec.source, f"{where}.to", f"{o.to} is a {role[o.to]}: name the leaf whose hosts it reaches")
+        hop = next(((b.address, a.ifname) for link in links if link.kind in ("fabric", "border")
+                    for a, b in ((link.a, link.b), (link.b, link.a)) if a.node == o.node and b.node == o.via), None)
+        if hop is None:
+            raise SpecError(spec.source, f"{where}.via", f"{o.via} is not a neighbour of {o.node}")
+        subnet = next(l.a.address.network for l in links if l.kind == "host" and o.to in (l.a.node, l.b.node))
+        table = list(routes[o.node])
+        at = next((k for k, r in enumerate(table) if r.dst == subnet), None)
+        if at is None:
+            raise SpecError(spec.source, f"{where}.to", f"{o.node} is {o.to} itself, or has no route to it")
+        table[at] = Route(subnet, ((str(hop[0].ip), hop[1]),))
+        routes[o.node] = tuple(table)
 
 
 def delay_line(spec: FabricSpec, path: WanPath) -> DelayLine:

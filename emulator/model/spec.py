@@ -44,6 +44,9 @@ TRANSPORTS = rc_mod.MODES  # the soft-NIC's loss recovery
 WINDOWS = ("bdp", "none")
 DCQCN_PROFILES = dcqcn_mod.PROFILE_NAMES
 PFC_WATCHDOG_ACTIONS = ("drop", "forward", "alert")
+DEADLOCK_AVOIDANCE = ("none", "tagger")
+# Priorities the QoS policy gives away: lossy 0 and the CNPs' 6 (emulator/bpf/datapath.py).
+RESERVED_PRIORITIES = (0, 6)
 SHAPERS = ("htb", "tbf")
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 _REQUIRED = object()
@@ -126,9 +129,11 @@ class Ecn:
 
 @dataclass(frozen=True)
 class PfcWatchdog:
-    detection_time: float = 0.2  # SONiC pfcwd defaults
+    detection_time: float = 0.2  # SONiC pfcwd defaults, real seconds (dilated like every time)
     restoration_time: float = 0.2
     action: str = "drop"
+    enabled: bool = True  # SONiC starts it on every lossless queue by default
+    poll_interval: float = 0.2  # how often it looks (SONiC: 200 ms): detection may take this much longer
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,15 @@ class Pfc:
     # Lossless across the long-haul paths too: refused with its figure (rate x RTT of headroom);
     # by default the WAN-facing border ports are lossy, deep-buffered, as in production.
     long_haul: bool = False
+    # "tagger": a lossless packet that bounces (comes down from a higher tier, then goes up again)
+    # moves to tagger_priority, also lossless, so no cyclic buffer dependency can form (Tagger,
+    # CoNEXT 2017); "none": it stays where it is.
+    deadlock_avoidance: str = "none"
+    tagger_priority: int = 4
+
+    @property
+    def lossless(self) -> tuple[int, ...]:
+        return (self.priority, self.tagger_priority) if self.deadlock_avoidance == "tagger" else (self.priority,)
 
 
 @dataclass(frozen=True)
@@ -182,6 +196,7 @@ class FabricSpec:
     pfc: Pfc
     nic: Nic
     latency: Latency = field(default_factory=Latency)
+    routes: tuple["RouteOverride", ...] = ()
 
     @property
     def time(self) -> TimeModel:
@@ -436,7 +451,7 @@ def parse(text: str, file: str = "<string>") -> FabricSpec:
         doc,
         "",
         ("version", "scale", "dilation", "mtu", "shaper", "addressing", "links", "latency", "buffers",
-         "datacenters", "wan", "ecmp", "ecn", "pfc", "nic"),
+         "datacenters", "wan", "ecmp", "ecn", "pfc", "nic", "routes"),
     )
     version = r.get(top, "", "version", _int(1))
     if version != FORMAT_VERSION:
@@ -469,6 +484,7 @@ def parse(text: str, file: str = "<string>") -> FabricSpec:
         pfc=_pfc(r, top),
         nic=nic,
         latency=_latency(r, top),
+        routes=_routes(r, top),
     )
     _check_whole(r, spec, top)
     return spec
@@ -612,8 +628,10 @@ def _ecmp(r: _Reader, top: dict) -> Ecmp:
 
 
 def _pfc(r: _Reader, top: dict) -> Pfc:
-    m = r.mapping(top.get("pfc"), "pfc", ("enabled", "priority", "xoff", "xon", "headroom", "long_haul", "watchdog"))
-    w = r.mapping(m.get("watchdog"), "pfc.watchdog", ("detection_time", "restoration_time", "action"))
+    m = r.mapping(top.get("pfc"), "pfc", ("enabled", "priority", "xoff", "xon", "headroom", "long_haul",
+                                          "deadlock_avoidance", "tagger_priority", "watchdog"))
+    w = r.mapping(m.get("watchdog"), "pfc.watchdog", ("enabled", "detection_time", "restoration_time", "action",
+                                                       "poll_interval"))
     pfc = Pfc(
         enabled=r.get(m, "pfc", "enabled", _bool, False),
         priority=r.get(m, "pfc", "priority", _int(0, 7), 3),
@@ -621,15 +639,55 @@ def _pfc(r: _Reader, top: dict) -> Pfc:
         xon=r.get(m, "pfc", "xon", _size, Pfc.xon),
         headroom=r.get(m, "pfc", "headroom", _size, None),
         long_haul=r.get(m, "pfc", "long_haul", _bool, False),
+        deadlock_avoidance=r.get(m, "pfc", "deadlock_avoidance", _choice(DEADLOCK_AVOIDANCE), "none"),
+        tagger_priority=r.get(m, "pfc", "tagger_priority", _int(0, 7), 4),
         watchdog=PfcWatchdog(
             detection_time=r.get(w, "pfc.watchdog", "detection_time", _duration, 0.2),
             restoration_time=r.get(w, "pfc.watchdog", "restoration_time", _duration, 0.2),
             action=r.get(w, "pfc.watchdog", "action", _choice(PFC_WATCHDOG_ACTIONS), "drop"),
+            enabled=r.get(w, "pfc.watchdog", "enabled", _bool, True),
+            poll_interval=r.get(w, "pfc.watchdog", "poll_interval", _duration, 0.2),
         ),
     )
     if pfc.xon > pfc.xoff:
         raise r.fail("pfc.xon", f"must not exceed pfc.xoff ({pfc.xon} > {pfc.xoff} bytes)")
+    for key in ("priority", "tagger_priority"):
+        if getattr(pfc, key) in RESERVED_PRIORITIES:
+            raise r.fail(f"pfc.{key}", f"priority {getattr(pfc, key)} is the QoS policy's (0 lossy, 6 CNPs)")
+    if pfc.deadlock_avoidance == "tagger" and pfc.tagger_priority == pfc.priority:
+        raise r.fail("pfc.tagger_priority", f"must differ from pfc.priority ({pfc.priority}): bounced packets "
+                                            "move to another lossless priority")
     return pfc
+
+
+@dataclass(frozen=True)
+class RouteOverride:
+    """A static route that replaces the computed one: on ``node``, ``to``'s hosts go via
+    neighbour ``via`` (what a failure's stale state or a misconfiguration leaves)."""
+
+    node: str
+    to: str
+    via: str
+
+
+def _routes(r: _Reader, top: dict) -> tuple[RouteOverride, ...]:
+    items = top.get("routes")
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise r.fail("routes", f"must be a list of {{node, to, via}}, got {_type_name(items)}")
+    out = []
+    for i, item in enumerate(items):
+        path = f"routes[{i}]"
+        m = r.mapping(item, path, ("node", "to", "via"))
+        out.append(RouteOverride(*(r.get(m, path, key, _node_name) for key in ("node", "to", "via"))))
+    return tuple(out)
+
+
+def _node_name(value: Any) -> str:
+    if not isinstance(value, str) or not re.match(r"^[a-z0-9-]{1,40}$", value):
+        raise ValueError(f"must be a node's name such as dc-leaf0, got {value!r}")
+    return value
 
 
 # nic.dcqcn as a mapping: ``profile`` plus any of these, each overriding one Profile field

@@ -29,6 +29,7 @@ QP's packets back to back between reads.
 """
 from __future__ import annotations
 
+import collections
 import heapq
 import select
 import socket
@@ -111,6 +112,9 @@ class NicCounters:
     tx_packets: int = 0
     rx_ce: int = 0
     socket_overflow: int = 0  # datagrams the kernel dropped before the NIC could read them
+    # Packets the host's egress would not take at once (its queue paused by PFC, so the socket's
+    # send buffer filled): they waited in the NIC's transmit queue, none was lost.
+    tx_stalled: int = 0
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> packets refused before any QP
 
     def drop(self, reason: str) -> None:
@@ -179,6 +183,8 @@ class SoftNic:
         self.port = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         attach_filter(self.port, DROP_ALL)
         self.port.bind((ip, wire.ROCE_PORT))
+        # The transmit queue behind a paused link, in order: (socket, buffers, ancillary, address).
+        self._stalled: collections.deque = collections.deque()
         self._rxbuf = bytearray(65536)
         self._rxview = memoryview(self._rxbuf)
         # Loss on purpose, for tests and interop checks: called as lose("rx" | "tx", transport
@@ -213,6 +219,7 @@ class SoftNic:
         s.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
         s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (DSCP_DATA << 2) | ECT0)
         s.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+        s.setblocking(False)  # a paused link must stall the transmit queue, not the whole NIC
         try:
             s.bind((self.ip, sport))
         except OSError:  # another QPN took this port (QPNs chosen by the application): any will do
@@ -271,11 +278,34 @@ class SoftNic:
         if self.lose is not None and self.lose("tx", parts[0]):
             self.counters.drop("injected_tx")  # lost on the wire: it still took its time there
         else:
-            sock.sendmsg([*parts, icrc], [], 0, (peer, wire.ROCE_PORT))
+            self._xmit(sock, [*parts, icrc], [], (peer, wire.ROCE_PORT))
         self.counters.tx_packets += 1
         n = sum(len(p) for p in parts) + wire.ICRC_LEN + WIRE_OVERHEAD
         self.tx_bytes[qpn] += n
         return n
+
+    def _xmit(self, sock: socket.socket, buffers: list, ancillary: list, address: tuple) -> None:
+        """Hand a packet to the kernel, or queue it behind those the paused link holds back."""
+        if not self._stalled:
+            try:
+                sock.sendmsg(buffers, ancillary, 0, address)
+                return
+            except BlockingIOError:
+                pass
+        # The buffers may be views of memory the QP reuses: keep the bytes as they are now.
+        self._stalled.append((sock, [bytes(b) for b in buffers], ancillary, address))
+        self.counters.tx_stalled += 1
+
+    def _flush(self) -> bool:
+        """Send what waited behind a paused link, in order; True when nothing waits any more."""
+        while self._stalled:
+            sock, buffers, ancillary, address = self._stalled[0]
+            try:
+                sock.sendmsg(buffers, ancillary, 0, address)
+            except BlockingIOError:
+                return False
+            self._stalled.popleft()
+        return True
 
     def _send_cnp(self, qp, arrived: float | None, due: float, now: float) -> None:
         """A congestion notification to the QP's peer: BECN set, non-ECT, DSCP 48. ``arrived``:
@@ -283,8 +313,8 @@ class SoftNic:
         peer, sock, sport = self._peer[qp.qpn]
         body = wire.build(wire.Bth(wire.CNP, qp.dqpn, 0, becn=True))
         tos = struct.pack("=i", DSCP_CNP << 2)
-        sock.sendmsg([body, self._icrc(peer, sport, [body])], [(socket.IPPROTO_IP, socket.IP_TOS, tos)], 0,
-                     (peer, wire.ROCE_PORT))
+        self._xmit(sock, [body, self._icrc(peer, sport, [body])], [(socket.IPPROTO_IP, socket.IP_TOS, tos)],
+                   (peer, wire.ROCE_PORT))
         qp.stats.cnps_sent += 1
         self.counters.tx_packets += 1
         if arrived is not None:  # how late the answer left: the receiver's share of the feedback delay
@@ -416,6 +446,7 @@ class SoftNic:
         now = self.clock()
         self._refill(now)
         sent = 0
+        flowing = self._flush()
         for qpn, qp in self.qps.items():
             if qp.outbox:
                 for parts in qp.outbox:
@@ -427,7 +458,7 @@ class SoftNic:
         if order:
             self._rr = (self._rr + 1) % len(order)
             order = order[self._rr:] + order[:self._rr]
-        more = True
+        more = flowing  # behind a paused link no new data goes; answers queue behind it
         turn_end = self.wall() + TX_TURN_S  # from when sending starts: reading took its own time
         while more and (not self._rate or self._tokens > 0):
             more = False
@@ -469,7 +500,8 @@ class SoftNic:
                 # may rise, not when the next packet is due at the old, slower rate.
                 wait = min(wait, qp.pace.wait(now), qp.rp.next_change() - now)
         if wait > 0:
-            select.select([self.rx], [], [], wait * self.dilation)
+            # Behind a paused link: also wake when its socket can take the next packet.
+            select.select([self.rx], [self._stalled[0][0]] if self._stalled else [], [], wait * self.dilation)
 
     def run(self, done, timeout: float, max_wait: float = 0.05) -> bool:
         """Turn until ``done()``; False if ``timeout`` wall seconds passed first. ``done`` is

@@ -84,7 +84,7 @@ def pfc_stats(f: "Fabric", port: Port) -> dict:
     dp, spec = f.datapath, f.plan.spec
     agent = dp.pfc
     out = {}
-    for prio in (spec.pfc.priority,):
+    for prio in spec.pfc.lossless:
         row = dp.pfc_counters(port.ifindex, prio)
         ingress = dp.ingress(port.ifindex, prio)
         row.update(ingress_bytes=ingress["bytes"], ingress_max_bytes=ingress["max_bytes"],

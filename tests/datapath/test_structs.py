@@ -43,6 +43,9 @@ def test_constants_match():
     assert consts["BP_PORT_PEER_TBF"] == S.PORT_PEER_TBF
     assert consts["BP_PORT_PFC"] == S.PORT_PFC
     assert consts["BP_PORT_PRIO_QUEUES"] == S.PORT_PRIO_QUEUES
+    assert consts["BP_PORT_UP"] == S.PORT_UP
+    assert (consts["BP_TAG_PRIO_SHIFT"], consts["BP_TAG_IFINDEX_MASK"]) == (S.TAG_PRIO_SHIFT, S.TAG_IFINDEX_MASK)
+    assert S.MAX_IFINDEX - 1 <= S.TAG_IFINDEX_MASK
     assert consts["BP_ETH_P_MAC_CONTROL"] == S.ETH_P_MAC_CONTROL
     assert consts["BP_PFC_OPCODE"] == S.PFC_OPCODE
     assert consts["BP_PAUSE_OPCODE"] == S.PAUSE_OPCODE
@@ -51,6 +54,7 @@ def test_constants_match():
         (S.TC_MAJOR, S.TC_LEAF_BASE, S.TC_CONTROL)
     assert (consts["BP_EV_XOFF"], consts["BP_EV_XON"], consts["BP_EV_PFC"]) == (S.EV_XOFF, S.EV_XON, S.EV_PFC)
     assert consts["BP_EVENT_PAGES"] == S.EVENT_PAGES
+    assert {a: consts[f"BP_WD_{a.upper()}"] for a in S.WD_ACTIONS} == S.WD_ACTIONS
     assert consts["BP_PACING_ONE"] == S.PACING_ONE
     assert tuple(consts[f"BP_PACING_EDGE_{i}"] for i in range(len(S.PACING_EDGES))) == S.PACING_EDGES
     assert f"BP_PACING_EDGE_{len(S.PACING_EDGES)}" not in consts

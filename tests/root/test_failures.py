@@ -31,10 +31,16 @@ def failed(done: subprocess.CompletedProcess, code: int, *words: str) -> str:
     return out
 
 
+def _interruptible() -> None:
+    # A shell without job control starts background commands with SIGINT ignored, and Python then
+    # leaves it so: the CLI runs here as from a terminal, where Ctrl-C reaches it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_transfer(name: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "emulator.cli", "run", "transfer", "-n", name, SRC, DST,
                              "--size", BIG, "--qps", "2", *extra], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_interruptible)
 
 
 def workers(name: str) -> dict[str, int]:

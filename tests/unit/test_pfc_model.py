@@ -103,3 +103,35 @@ def test_the_pause_frame_decodes_as_pfc():
     assert cbfc._op_code == 0x0101
     assert cbfc.c3_enabled == 1 and cbfc.c3_pause_time == 0xFFFF
     assert cbfc.c0_enabled == 0 and cbfc.c0_pause_time == 0
+
+
+def test_static_routes_replace_the_computed_ones():
+    p = plan.build(spec.load(TOPOLOGIES / "deadlock.yaml"), "x")
+    leaf2 = next(r for r in p.routes["dc-spine0"] if str(r.dst) == "198.18.2.0/24")
+    via = p.link_between("dc-spine0", "dc-leaf1")[0]
+    assert leaf2.nexthops == ((str(p.peer(via).address.ip), via.ifname),)
+
+
+@pytest.mark.parametrize("key,value,why", [
+    ("node", "dc-leaf9", "no node"),
+    ("via", "dc-spine1", "not a neighbour"),
+    ("to", "dc-spine1", "name the leaf"),
+    ("node", "dc-host0", "only switches route"),
+])
+def test_a_bad_static_route_names_its_key(key, value, why):
+    doc = yaml.safe_load((TOPOLOGIES / "deadlock.yaml").read_text())
+    doc["routes"][1][key] = value
+    with pytest.raises(SpecError) as e:
+        plan.build(parse(doc), "x")
+    assert f"routes[1].{key}" in str(e.value) and why in str(e.value)
+
+
+def test_tagger_needs_a_second_lossless_priority():
+    s = parse(incast(**{"pfc.deadlock_avoidance": "tagger"}))
+    assert s.pfc.lossless == (3, 4)
+    with pytest.raises(SpecError) as e:
+        parse(incast(**{"pfc.deadlock_avoidance": "tagger", "pfc.tagger_priority": 3}))
+    assert "pfc.tagger_priority" in str(e.value)
+    with pytest.raises(SpecError) as e:
+        parse(incast(**{"pfc.tagger_priority": 6}))
+    assert "CNPs" in str(e.value)

@@ -1,0 +1,132 @@
+"""PFC's watchdog and faults on a running fabric: pfcwd (SONiC's verbs) and inject.
+
+Times are the real fabric's, as everywhere: a running fabric dilates them (at faithful a
+200 ms detection time takes 800 s of wall time at scale 1/4000).
+"""
+from __future__ import annotations
+
+import json
+
+import click
+
+from emulator.cli.app import core, main, name_option, need_root
+from emulator.cli.text import format_pfcwd_config, format_pfcwd_stats
+from emulator.control import client
+from emulator.model import spec, units
+
+
+def _duration(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return units.parse_duration(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+@main.group()
+def pfcwd() -> None:
+    """The PFC watchdog (SONiC pfcwd): a lossless queue paused without draining for the detection
+    time is stormed and its action taken; restoration time without PAUSE restores it."""
+
+
+@pfcwd.command()
+@name_option
+@click.option("--action", type=click.Choice(spec.PFC_WATCHDOG_ACTIONS), default=None,
+              help="drop: its queued and arriving packets and ignore its PAUSEs; forward: ignore its "
+                   "PAUSEs; alert: count only [default: the topology's].")
+@click.option("--detection-time", default=None, help="e.g. 200ms (the real fabric's time).")
+@click.option("--restoration-time", default=None, help="e.g. 200ms.")
+@click.option("--poll-interval", default=None, help="How often it looks, e.g. 200ms.")
+@core
+def start(name: str, action: str | None, detection_time: str | None, restoration_time: str | None,
+          poll_interval: str | None) -> None:
+    """Start the watchdog on every lossless queue of the switches."""
+    need_root("pfcwd start")
+    r = client.request(name, {"op": "pfcwd", "cmd": "start", "action": action,
+                              "detection_s": _duration(detection_time),
+                              "restoration_s": _duration(restoration_time), "poll_s": _duration(poll_interval)})
+    for line in format_pfcwd_config(r["config"]):
+        click.echo(line)
+
+
+@pfcwd.command()
+@name_option
+@core
+def stop(name: str) -> None:
+    """Stop the watchdog; stormed queues are restored."""
+    need_root("pfcwd stop")
+    client.request(name, {"op": "pfcwd", "cmd": "stop"})
+    click.echo(f"fabric {name!r}: PFC watchdog stopped")
+
+
+@pfcwd.group()
+def show() -> None:
+    """The watchdog's config and stats."""
+
+
+@show.command()
+@name_option
+@click.option("--json", "as_json", is_flag=True)
+@core
+def config(name: str, as_json: bool) -> None:
+    """Action, detection, restoration and poll times."""
+    need_root("pfcwd show config")
+    r = client.request(name, {"op": "pfcwd", "cmd": "config"})
+    if as_json:
+        click.echo(json.dumps(r["config"], indent=2))
+        return
+    for line in format_pfcwd_config(r["config"]):
+        click.echo(line)
+
+
+@show.command(name="stats")
+@name_option
+@click.option("--json", "as_json", is_flag=True)
+@core
+def show_stats(name: str, as_json: bool) -> None:
+    """Per lossless queue: STATUS, STORM DETECTED/RESTORED, TX OK/DROP, RX OK/DROP."""
+    need_root("pfcwd show stats")
+    r = client.request(name, {"op": "pfcwd", "cmd": "stats"})
+    if as_json:
+        click.echo(json.dumps({"stats": r["stats"], "storms": r["storms"]}, indent=2))
+        return
+    for line in format_pfcwd_stats(r["stats"]):
+        click.echo(line)
+
+
+@main.group()
+def inject() -> None:
+    """Faults on a running fabric."""
+
+
+@inject.command(name="pfc-storm")
+@name_option
+@click.argument("node")
+@click.option("--port", "ifname", default=None, help="The port that storms (a host's only port by default).")
+@click.option("--priority", type=click.IntRange(0, 7), default=None, help="[default: the topology's lossless one]")
+@click.option("--for", "for_", default=None, help="How long, e.g. 1ms (the real fabric's time); default: until --stop.")
+@click.option("--stop", is_flag=True, help="End a storm started without --for.")
+@click.option("--json", "as_json", is_flag=True)
+@core
+def pfc_storm(name: str, node: str, ifname: str | None, priority: int | None, for_: str | None, stop: bool,
+              as_json: bool) -> None:
+    """Make NODE's port send PAUSE continuously, as a stuck NIC does."""
+    need_root("inject pfc-storm")
+    request = {"op": "inject", "kind": "pfc-storm", "node": node, "ifname": ifname, "for_s": _duration(for_),
+               "stop": stop}
+    if priority is not None:
+        request["priority"] = priority
+    r = client.request(name, request)
+    if as_json:
+        click.echo(json.dumps(r["storm"], indent=2))
+        return
+    storm = r["storm"]
+    if storm is None:
+        click.echo(f"no storm running on {node}")
+    elif stop:
+        click.echo(f"{storm['port']}: PFC storm on priority {storm['prio']} stopped after {storm['frames']} frames")
+    else:
+        until = "until stopped (backplane inject pfc-storm --stop)" if storm["until"] is None else \
+            f"for {for_}"
+        click.echo(f"{storm['port']}: sending PAUSE on priority {storm['prio']} {until}")
