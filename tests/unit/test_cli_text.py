@@ -117,3 +117,17 @@ def test_a_cross_dc_transfer_does_not_hold_its_wan_rtt_against_the_in_dc_one():
     text = "\n".join(cli_text.format_transfer(body))
     assert "in-DC latency NOT APPLIED" in text and "the topology's in-DC RTT is 3.8us" in text
     assert "the path's RTT was" not in text
+
+
+def test_pfcwd_stats_have_sonics_columns_one_queue_a_line():
+    rows = [{"queue": "dc-leaf1:eth0:3", "status": "stormed", "storm_detected": 2, "storm_restored": 1,
+             "tx_ok": 5, "tx_drop": 7815, "rx_ok": 0, "rx_drop": 12, "pause_ignored": 48}]
+    lines = cli_text.format_pfcwd_stats(rows)
+    assert lines[0].split() == ["QUEUE", "STATUS", "STORM", "DETECTED/RESTORED", "TX", "OK/DROP", "RX", "OK/DROP"]
+    assert lines[1].split() == ["dc-leaf1:eth0:3", "stormed", "2/1", "5/7815", "0/12"]
+
+
+def test_pfcwd_config_says_its_times_are_the_real_fabrics():
+    line, = cli_text.format_pfcwd_config({"enabled": True, "action": "drop", "detection_time_s": 0.2,
+                                          "restoration_time_s": 0.2, "poll_interval_s": 0.2})
+    assert "started" in line and "action drop" in line and "200ms" in line.replace(" ", "") and "real" in line
