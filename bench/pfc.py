@@ -17,9 +17,14 @@ import argparse
 import json
 import os
 import statistics
+import struct
 import subprocess
 import sys
 from pathlib import Path
+
+from pyroute2 import IPRoute
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -58,16 +63,11 @@ def quantile(xs: list[float], q: float) -> float:
 
 def per_packet(pairs: int, repeat: int) -> dict:
     """ns per run of tc egress and XDP on a lossless packet, PFC off and on, in alternating pairs."""
-    from scapy.layers.inet import IP, UDP
-    from scapy.layers.l2 import Ether
-
     ns = f"bp-probe-bench{os.getpid()}"
     dp = Datapath()
     netns.create(ns)
     try:
         with netns.entered(ns):
-            from pyroute2 import IPRoute
-
             ipr = IPRoute()
         # 201: the switch port; 202: the port at the far end of its wire (pyroute2 cannot number a
         # veth's peer, so each is its own veth's named end).
@@ -86,8 +86,6 @@ def per_packet(pairs: int, repeat: int) -> dict:
             dp.set_pfc((3,) if on else (), 1 << 30, 1 << 29)
 
         ctx = bytearray(192)
-        import struct
-
         struct.pack_into("=II", ctx, 36, 301, 201)  # __sk_buff ingress_ifindex, ifindex
         xctx = struct.pack("=IIIIII", 0, len(frame), 0, 202, 0, 0)
         rows: dict[str, list[float]] = {"egress_off": [], "egress_on": [], "xdp_off": [], "xdp_on": []}

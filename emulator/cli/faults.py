@@ -65,19 +65,23 @@ def show() -> None:
     """The watchdog's config and stats."""
 
 
+def _show(name: str, cmd: str, as_json: bool, pick, fmt) -> None:
+    need_root(f"pfcwd show {cmd}")
+    r = client.request(name, {"op": "pfcwd", "cmd": cmd})
+    if as_json:
+        click.echo(json.dumps(pick(r), indent=2))
+        return
+    for line in fmt(r[cmd]):
+        click.echo(line)
+
+
 @show.command()
 @name_option
 @click.option("--json", "as_json", is_flag=True)
 @core
 def config(name: str, as_json: bool) -> None:
     """Action, detection, restoration and poll times."""
-    need_root("pfcwd show config")
-    r = client.request(name, {"op": "pfcwd", "cmd": "config"})
-    if as_json:
-        click.echo(json.dumps(r["config"], indent=2))
-        return
-    for line in format_pfcwd_config(r["config"]):
-        click.echo(line)
+    _show(name, "config", as_json, lambda r: r["config"], format_pfcwd_config)
 
 
 @show.command(name="stats")
@@ -86,13 +90,7 @@ def config(name: str, as_json: bool) -> None:
 @core
 def show_stats(name: str, as_json: bool) -> None:
     """Per lossless queue: STATUS, STORM DETECTED/RESTORED, TX OK/DROP, RX OK/DROP."""
-    need_root("pfcwd show stats")
-    r = client.request(name, {"op": "pfcwd", "cmd": "stats"})
-    if as_json:
-        click.echo(json.dumps({"stats": r["stats"], "storms": r["storms"]}, indent=2))
-        return
-    for line in format_pfcwd_stats(r["stats"]):
-        click.echo(line)
+    _show(name, "stats", as_json, lambda r: {"stats": r["stats"], "storms": r["storms"]}, format_pfcwd_stats)
 
 
 @main.group()
