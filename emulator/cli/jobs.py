@@ -2,17 +2,19 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import signal
 import time
 
 import click
 
 from emulator import errors
 from emulator.cli.app import core, main, name_option, need_root
-from emulator.cli.text import format_transfer
+from emulator.cli.text import format_recording, format_transfer
 from emulator.control import client, state
 from emulator.fabric import capabilities, netns
-from emulator.telemetry import report
+from emulator.telemetry import report, timeline
 from emulator.workload import transfer
 from emulator.model import plan as plan_mod, spec, units
 from emulator.telemetry.cpu import STEAL_LIMIT
@@ -167,6 +169,9 @@ def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, tran
     body["figures"] = {"ports": report.ports(body),
                        "fairness": report.fairness(body, max(period, 10 * r.rtt_s)) if period else {},
                        "reaction": report.reaction(body)}
+    if fspec.pfc.enabled and sampler is not None and not lost:
+        agent = client.request(name, {"op": "pfc"})["pfc"]
+        body["pfc"] = {"storms": agent["storms"], "injected": agent["injected"]}
     body["fidelity"] = report.fidelity(body, machine)
     if lost:
         body["fidelity"]["machine_limits"].append(lost)
@@ -186,6 +191,72 @@ def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, tran
                                       f"{cut or lost}")
     if not (r.intact and r.complete):
         raise errors.MeasurementError("the transfer did not complete intact")
+
+
+@main.command()
+@name_option
+@click.option("--for", "duration", default=None, help="How long, in the real fabric's time (e.g. 1.5ms): "
+              "the fabric's dilation stretches it [default: until Ctrl-C or SIGTERM].")
+@click.option("--every", "period", default=None, help="Sample period, real time [default: 10 ms of wall time].")
+@click.option("--port", "ports", multiple=True, help="NODE:IFNAME to plot (repeat) [default: the ports that "
+              "paused longest, then moved most].")
+@click.option("--title", default=None, help="The plot's title.")
+@click.option("--plot", "plot_path", default=None, help="Write a PNG timeline here.")
+@click.option("--json", "as_json", is_flag=True, help="The samples and the PFC agent's storms, as JSON.")
+@core
+def record(name: str, duration: str | None, period: str | None, ports: tuple[str, ...], title: str | None,
+           plot_path: str | None, as_json: bool) -> None:
+    """Record the switches' ports of a running fabric for a while: what each moved, its queue,
+    when PFC held it paused, and the watchdog's storms, on one clock."""
+    need_root("record")
+    if plot_path:
+        check_plot_path(plot_path)
+    fspec = client.running(name).plan.spec
+    if fspec.ecmp.datapath != "ebpf":
+        raise errors.UsageError(f"fabric {name!r} runs the kernel datapath: its ports have no queue figures to record")
+    try:
+        wall_s = math.inf if duration is None else fspec.time.time(units.parse_duration(duration))
+        every = DEFAULT_SAMPLE_WALL_S if period is None else fspec.time.time(units.parse_duration(period))
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    if every <= 0 or wall_s < 2 * every:
+        raise click.BadParameter(f"--for {duration} is {wall_s:g} s of wall time: record at least two samples "
+                                 f"({every:g} s apart)")
+    readings = [client.request(name, {"op": "sample"})]
+    known = {p["port"] for p in readings[0]["ports"]}
+    unknown = [p for p in ports if p not in known]
+    if unknown:
+        raise click.BadParameter(f"no switch port {', '.join(unknown)}; the fabric's are {', '.join(sorted(known))}",
+                                 param_hint="--port")
+    end = readings[0]["t"] + wall_s
+    stop = []  # Ctrl-C or SIGTERM ends the recording, which is then reported as usual
+    before = {sig: signal.signal(sig, lambda *_: stop.append(True)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if duration is None:
+            click.echo(f"recording fabric {name!r} every {every:g} s of wall time; Ctrl-C ends it", err=True)
+        while readings[-1]["t"] < end and not stop:
+            time.sleep(min(every, max(0.0, end - time.monotonic())))  # the sample period, not a wait for state
+            readings.append(client.request(name, {"op": "sample"}))
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    if len(readings) < 2:
+        readings.append(client.request(name, {"op": "sample"}))
+    body = {"fabric": name, "title": title or f"fabric {name}", "time_model": fspec.time.as_dict(),
+            "readings": [{"t": r["t"], "ports": r["ports"]} for r in readings], "storms": [], "injected": []}
+    if fspec.pfc.enabled:
+        agent = client.request(name, {"op": "pfc"})["pfc"]
+        body["storms"], body["injected"] = agent["storms"], agent["injected"]
+    body["summary"] = timeline.summary(body)
+    if plot_path:
+        timeline.plot(body, plot_path, list(ports) or None)
+    if as_json:
+        click.echo(json.dumps(body, indent=2))
+        return
+    for line in format_recording(body):
+        click.echo(line)
+    if plot_path:
+        click.echo(f"  plot: {plot_path}")
 
 
 def check_plot_path(path: str) -> None:

@@ -272,3 +272,31 @@ def format_pfcwd_stats(rows: list[dict]) -> list[str]:
         tx, rx = f"{r['tx_ok']}/{r['tx_drop']}", f"{r['rx_ok']}/{r['rx_drop']}"
         lines.append(f"{r['queue']:<22} {r['status']:<12} {storms:>24} {tx:>18} {rx:>18}")
     return lines
+
+
+def format_recording(body: dict) -> list[str]:
+    """``backplane record``: per port that did something, in the real fabric's units."""
+    tm = time_model(body)
+    readings = body["readings"]
+    span = readings[-1]["t"] - readings[0]["t"]
+    lines = [f"fabric {body['fabric']!r}: {len(readings)} samples over {units.format_duration(tm.real_time(span))} "
+             f"({span:.3f} s wall)", tm.line()]
+    rows = body["summary"]
+    if not rows:
+        return lines + ["  no switch port moved, queued, paused or dropped anything"]
+    lines.append(f"  {'PORT':<18} {'MOVED':>10} {'RATE':>12} {'DEPTH END/MAX':>21} {'PAUSED':>7} {'PFC TX':>7} "
+                 f"{'DROPS':>6}")
+    for r in rows:
+        depth = f"{units.format_size(tm.real_size(r['depth_end']))}/{units.format_size(tm.real_size(r['depth_max']))}"
+        lines.append(f"  {r['port']:<18} {units.format_size(tm.real_size(r['moved_bytes'])):>10} "
+                     f"{units.format_rate(tm.real_rate(r['rate_bps'])):>12} {depth:>21} {r['paused_share']:>7.0%} "
+                     f"{r['pauses_sent']:>7} {r['drops']:>6}")
+    t0 = readings[0]["t"]
+    for s in body.get("storms") or []:
+        if s["detected_at"] < t0:
+            continue
+        restored = (f", restored at +{units.format_duration(tm.real_time(s['restored_at'] - t0))}"
+                    if s.get("restored_at") else "")
+        lines.append(f"  storm on {s['port']}:{s['prio']} ({s['action']}): detected at "
+                     f"+{units.format_duration(tm.real_time(s['detected_at'] - t0))}{restored}")
+    return lines

@@ -139,11 +139,18 @@ class Controller:
         if self._switch_ports is None:
             self._switch_ports = [p for p in self.plan.ports() if self.plan.node(p.node).role in SWITCH_ROLES]
         rows = []
+        lossless = self.plan.spec.pfc.lossless
         for p in self._switch_ports:
             q = dp.queue(p.ifindex)
             c = dp.counters(p.ifindex)
+            pfc = {}
+            if dp.pfc is not None and self.plan.pfc_port(p):
+                counts = [dp.pfc_counters(p.ifindex, prio) for prio in lossless]
+                pfc = {"paused": sum(1 << prio for prio in lossless if dp.pfc.shut(p.ifindex, prio)),
+                       "pauses_sent": sum(r["tx_pause"] for r in counts),
+                       "lossless_drops": sum(r["drop_headroom"] + r["wd_tx_drop"] + r["wd_rx_drop"] for r in counts)}
             rows.append(PortReading(f"{p.node}:{p.ifname}", q["depth"], q["deq_bytes"], c["ecn_marks"],
-                                    c["drop_buffer"]))
+                                    c["drop_buffer"], **pfc))
         return {"ok": True, **PortSample(time.monotonic(), rows).as_dict()}
 
     def _agent(self):

@@ -14,6 +14,12 @@ class PortReading:
     deq_bytes: int  # bytes dequeued since the datapath was loaded
     ecn_marks: int  # packets marked CE on enqueue
     drops: int  # packets tail-dropped by the modelled buffer
+    # With PFC (zero without): the priorities whose egress is paused now (bit p: priority p),
+    # PFC frames with a pause time this port sent upstream, and lossless packets dropped
+    # (headroom overrun, the watchdog's TX and RX drops).
+    paused: int = 0
+    pauses_sent: int = 0
+    lossless_drops: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from emulator.model.timemodel import TimeModel
 from emulator.stats import jain, percentile
-from emulator.telemetry import fidelity as fidelity_mod
+from emulator.telemetry import fidelity as fidelity_mod, timeline
 
 FAIR = 0.95  # Jain's index at or above which flows count as sharing fairly
 
@@ -158,8 +158,9 @@ def _interp(t: list[float], v: list[float], x: float) -> float:
 
 def plot(result: dict, path: str | Path) -> Path:
     """A PNG in the real fabric's units: each sender QP's DCQCN rate and each sender's measured
-    rate over time, and the depth of the busiest switch queues with the ECN thresholds; the
-    title carries the time model (scale, dilation, granularity)."""
+    rate over time, and the depth of the busiest switch queues with the ECN thresholds; with
+    PFC, when each port that paused was paused and the watchdog's storms (``result["pfc"]``);
+    the title carries the time model (scale, dilation, granularity)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: files only
@@ -169,7 +170,12 @@ def plot(result: dict, path: str | Path) -> Path:
     tel = result["telemetry"]
     t_real = lambda ts: [tm.real_time(t) * 1e3 for t in ts]  # noqa: E731 - wall s -> real ms
     gbps = lambda bps: tm.real_rate(bps) / 1e9  # noqa: E731
-    fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    t0 = tel["t0_monotonic"]
+    readings = tel.get("ports") or []
+    # With PFC, a fourth panel: when each port that paused was paused, and the watchdog's storms.
+    paused = [p["port"] for p in timeline.summary({"readings": readings}) if p["paused_share"] > 0]
+    fig, axes = plt.subplots(4 if paused else 3, 1, figsize=(10, 11 if paused else 9), sharex=True)
+    top, mid, bottom = axes[:3]
     for host, s in (tel.get("senders") or {}).items():
         for qpn, q in s["qps"].items():
             top.plot(t_real(s["t"]), [gbps(r) for r in q["rate_bps"]], lw=0.8, label=f"{host} QP {int(qpn):#x}")
@@ -180,8 +186,6 @@ def plot(result: dict, path: str | Path) -> Path:
     for host, (times, r) in flow_rates(result).items():
         mid.plot(t_real(times), [gbps(x) for x in r], lw=0.8, label=host)
     mid.set_ylabel("sent (Gb/s)")
-    t0 = tel["t0_monotonic"]
-    readings = tel.get("ports") or []
     busiest = ports(result)[:3]
     names = [r["port"] for r in readings[0]["ports"]] if readings else []
     for p in busiest:
@@ -194,13 +198,8 @@ def plot(result: dict, path: str | Path) -> Path:
         if size:
             bottom.axhline(size / 1e3, ls=style, lw=0.8, color="grey", label=f"{key.capitalize()} {size / 1e3:g} KB")
     bottom.set_ylabel("queue depth (KB)")
-    bottom.set_xlabel("time (ms of the real fabric)")
-    for ax in (top, mid, bottom):
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6, loc="upper right", ncol=2)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    if paused:
+        pfc = result.get("pfc") or {}
+        timeline.draw_pauses(axes[3], readings, paused[:timeline.MAX_PLOTTED], t0,
+                             lambda wall: tm.real_time(wall) * 1e3, pfc.get("storms") or [], pfc.get("injected") or [])
+    return timeline.save(fig, axes, path)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,6 +16,8 @@ from emulator.telemetry.cpu import CpuWatch, STEAL_LIMIT
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGIES = REPO / "topologies"
+# The plots the tests draw, for a person to look at after the run (gitignored).
+RESULTS = REPO / "results"
 
 if os.geteuid() != 0:
     pytest.skip("the root tier builds network namespaces: run as root (sudo make test)", allow_module_level=True)
@@ -52,6 +55,28 @@ def bp(*args: str, check: bool = True, timeout: float = 600) -> subprocess.Compl
     if check and done.returncode != 0:
         raise AssertionError(f"backplane {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done
+
+
+def result_path(name: str) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    return RESULTS / name
+
+
+def recorder(name: str, plot: str, title: str) -> subprocess.Popen:
+    """``backplane record`` of fabric ``name`` until ``stop_recorder``, plotted to results/PLOT."""
+    return subprocess.Popen([sys.executable, "-m", "emulator.cli", "record", "-n", name, "--json", "--title", title,
+                             "--plot", str(result_path(plot))], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def stop_recorder(p: subprocess.Popen) -> dict:
+    """End a recording as Ctrl-C does, and read what it recorded."""
+    said = p.stderr.readline()  # it says so once Ctrl-C ends the recording instead of the process
+    assert said.startswith("recording fabric"), said + p.stderr.read()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    return json.loads(out)
 
 
 def bp_json(*args: str):

@@ -23,11 +23,12 @@ import yaml
 
 from emulator.control import client
 
-from .conftest import REPO, TOPOLOGIES, bp, bp_json, nothing_left
+from .conftest import REPO, TOPOLOGIES, bp, bp_json, nothing_left, recorder, result_path, stop_recorder
 
 # X and Y bounce; W1 and W2 load spine0 -> leaf1 and spine1 -> leaf0 (topologies/deadlock.yaml).
 FLOWS = (("dc-host0", "dc-host4"), ("dc-host2", "dc-host6"), ("dc-host7", "dc-host3"), ("dc-host5", "dc-host1"))
 CYCLE = ("dc-leaf0:eth2", "dc-spine0:eth1", "dc-leaf1:eth3", "dc-spine1:eth0")
+PORT_OPTS = [x for q in CYCLE for x in ("--port", q)]
 SIZE = "32MB"
 # Wall seconds the cycle is watched to count as locked, and then again to count as staying
 # locked: each is many pause times (335 ms at faithful) and RTOs of the senders.
@@ -101,13 +102,23 @@ def test_the_cycle_locks_and_stays_locked(tmp_path):
             assert time.monotonic() < deadline, f"the cycle never locked: {before} -> {now}"
             before = now
         shut = paused(name)
-        time.sleep(STAYS_S)  # and it stays so
+        # And it stays so, recorded as a user would (results/deadlock-locked.png).
+        d = client.request(name, {"op": "pfcwd", "cmd": "config"})["time_model"]["dilation"]
+        rec = bp_json("record", "-n", name, "--for", f"{STAYS_S / d * 1e3:g}ms", *PORT_OPTS,
+                      "--title", "deadlock: locked (no watchdog, no tagger)", "--plot", str(result_path("deadlock-locked.png")))
         after = cycle(name)
+        bad = bp("record", "-n", name, "--for", "1ms", "--port", "dc-leaf0:eth99", check=False)
         moved = {q: after[q][1] - now[q][1] for q in CYCLE}
-        print(f"\nlocked: {now}; paused {shut}; {STAYS_S:g} s later {after}: moved {moved} bytes")
+        recorded = {r["port"]: r for r in rec["summary"]}
+        print(f"\nlocked: {now}; paused {shut}; {STAYS_S:g} s later {after}: moved {moved} bytes; recorded "
+              f"{ {q: (recorded[q]['paused_share'], recorded[q]['moved_bytes']) for q in CYCLE} }")
         assert all(shut.values()), shut
         assert stalled(now, after, STAYS_S), moved
         assert all(depth > 0 for depth, _ in after.values())
+        # The recording saw the same: each queue of the cycle paused throughout, deep and still.
+        assert all(recorded[q]["paused_share"] == 1.0 and recorded[q]["depth_end"] > 0 for q in CYCLE)
+        assert all(recorded[q]["moved_bytes"] < TRICKLE * LINE_BYTES_S * STAYS_S for q in CYCLE)
+        assert bad.returncode == 2 and "no switch port dc-leaf0:eth99" in bad.stderr and CYCLE[0] in bad.stderr
         assert all(p.poll() is None for p in procs), "a transfer ended inside a deadlock"
         assert drops(name) == 0
     finally:
@@ -123,7 +134,9 @@ def test_the_watchdog_breaks_it(tmp_path):
     bp("up", str(topology(tmp_path)), "--name", name)
     try:
         bp("pfcwd", "start", "-n", name, "--action", "drop")
+        rec = recorder(name, "deadlock-watchdog.png", "deadlock: broken by the watchdog (drop)")
         results = finish(start(name))
+        recorded = stop_recorder(rec)
         summary = client.request(name, {"op": "pfc"})["pfc"]
         stats = bp_json("pfcwd", "show", "stats", "-n", name)["stats"]
     finally:
@@ -138,6 +151,10 @@ def test_the_watchdog_breaks_it(tmp_path):
     # The cycle's queues were stormed (and the queues paused behind them may be too).
     assert set(q.rsplit(":", 1)[0] for q in stormed) & set(CYCLE)
     assert sum(r["retransmits"] for r in results) > 0
+    # The recording has the storms and the cycle's queues moving again after them.
+    assert {s["port"] for s in recorded["storms"]} == {s["port"] for s in summary["storms"]}
+    moved = {r["port"]: r["moved_bytes"] for r in recorded["summary"]}
+    assert all(moved.get(q, 0) > 1e6 for q in CYCLE), moved
 
 
 def test_tagger_prevents_it(tmp_path):
@@ -145,7 +162,9 @@ def test_tagger_prevents_it(tmp_path):
     bp("up", str(topology(tmp_path, deadlock_avoidance="tagger")), "--name", name)
     try:
         bp("pfcwd", "start", "-n", name, "--action", "drop")
+        rec = recorder(name, "deadlock-tagger.png", "deadlock: prevented by Tagger (watchdog running)")
         results = finish(start(name))
+        recorded = stop_recorder(rec)
         summary = client.request(name, {"op": "pfc"})["pfc"]
         ports = bp_json("stats", "-n", name)["ports"]
         lost = drops(name)
@@ -159,3 +178,7 @@ def test_tagger_prevents_it(tmp_path):
     assert all(r["intact"] and r["complete"] for r in results)
     assert summary["storms"] == [] and lost == 0
     assert set(tagged) == {"dc-leaf0:eth2", "dc-leaf1:eth3"}
+    # Recorded: the cycle's queues all moved the data, none sat paused throughout, no drops.
+    rows = {r["port"]: r for r in recorded["summary"]}
+    assert all(rows[q]["moved_bytes"] > 1e6 and rows[q]["paused_share"] < 1.0 for q in CYCLE), rows
+    assert recorded["storms"] == [] and sum(r["drops"] for r in rows.values()) == 0

@@ -15,13 +15,14 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
 from emulator.control import client
 
-from .conftest import REPO, TOPOLOGIES, bp, bp_json, nothing_left
+from .conftest import REPO, TOPOLOGIES, bp, bp_json, nothing_left, result_path
 
 SRC, DST = "dc-host0", "dc-host9"
 QUEUE = "dc-leaf1:eth0"  # leaf1's port to dc-host9
@@ -31,19 +32,22 @@ STORM = "1ms"  # real: 4 s of wall time
 LATE_S = 0.1
 
 
-@pytest.fixture(scope="module")
-def storm(tmp_path_factory):
+def storm_run(tmp: Path, action: str) -> dict:
+    """A storm on QUEUE while SRC writes to DST through it, with the watchdog's ``action``; the
+    transfer's report is plotted to results/pfc-storm-ACTION.png."""
     doc = yaml.safe_load((TOPOLOGIES / "pfc-incast.yaml").read_text())
-    doc["pfc"]["watchdog"] = {"action": "drop", "detection_time": "0.5ms", "restoration_time": "0.5ms",
+    doc["pfc"]["watchdog"] = {"action": action, "detection_time": "0.5ms", "restoration_time": "0.5ms",
                               "poll_interval": "0.1ms"}
-    topo = tmp_path_factory.mktemp("pfcwd") / "storm.yaml"
+    topo = tmp / "storm.yaml"
     topo.write_text(yaml.safe_dump(doc))
     name = "wd"
+    plot = result_path(f"pfc-storm-{action}.png")
+    plot.unlink(missing_ok=True)
     bp("up", str(topo), "--name", name)
     try:
         transfer = subprocess.Popen([sys.executable, "-m", "emulator.cli", "run", "transfer", "-n", name, SRC, DST,
-                                     "--size", "32MB", "--json"], cwd=REPO, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
+                                     "--size", "32MB", "--json", "--plot", str(plot)], cwd=REPO,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 120
         # The storm starts once data is flowing through the queue it will stop.
         while not any(p["port"] == QUEUE and p["deq_bytes"] > 0
@@ -53,8 +57,15 @@ def storm(tmp_path_factory):
         injected = bp_json("inject", "pfc-storm", "-n", name, DST, "--for", STORM)
         out, err = transfer.communicate(timeout=300)
         assert transfer.returncode == 0, err
-        summary = client.request(name, {"op": "pfc"})["pfc"]
         d = client.request(name, {"op": "pfcwd", "cmd": "config"})["time_model"]["dilation"]
+        # The transfer may end before the storm does (forward): wait for the restoration it is
+        # due, restoration_time after the storm's end plus a poll.
+        while True:
+            summary = client.request(name, {"op": "pfc"})["pfc"]
+            due = summary["injected"][0]["until"] + (RESTORATION_S + POLL_S) * d + LATE_S
+            if all(s["restored_at"] is not None for s in summary["storms"]) or time.monotonic() > due + 5:
+                break
+            time.sleep(0.05)
         stats = bp_json("pfcwd", "show", "stats", "-n", name)
         config = bp_json("pfcwd", "show", "config", "-n", name)
         text = bp("pfcwd", "show", "stats", "-n", name).stdout
@@ -62,7 +73,12 @@ def storm(tmp_path_factory):
         bp("clean", "--name", name, check=False)
         assert not nothing_left(name)
     return {"transfer": json.loads(out), "summary": summary, "stats": stats, "config": config, "text": text,
-            "injected": injected, "d": d}
+            "injected": injected, "d": d, "plot": plot}
+
+
+@pytest.fixture(scope="module")
+def storm(tmp_path_factory):
+    return storm_run(tmp_path_factory.mktemp("pfcwd"), "drop")
 
 
 def test_the_storm_is_detected_within_detection_time_and_one_poll(storm):
@@ -101,3 +117,35 @@ def test_drop_counts_tx_and_rx_drops_and_the_transfer_heals(storm):
     assert "STORM DETECTED/RESTORED" in storm["text"] and f"{QUEUE}:3" in storm["text"]
     assert r["intact"] and r["complete"] and r["retransmits"] > 0
     assert storm["config"]["action"] == "drop" and storm["config"]["enabled"]
+
+
+def test_the_transfer_report_plots_the_storm(storm):
+    # `run transfer --plot` on a PFC fabric: the storm is in its report and its PNG.
+    r = storm["transfer"]
+    assert [(s["port"], s["action"]) for s in r["pfc"]["storms"]] == [(QUEUE, "drop")]
+    assert r["pfc"]["injected"][0]["port"] == f"{DST}:eth0"
+    paused = [p for p in r["telemetry"]["ports"] if any(q["port"] == QUEUE and q["paused"] for q in p["ports"])]
+    assert paused, "no sample saw the stormed queue paused"
+    assert storm["plot"].read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("action", ["forward", "alert"])
+def test_forward_ignores_the_pauses_and_alert_only_counts(tmp_path, action):
+    run = storm_run(tmp_path, action)
+    d = run["d"]
+    s = next(s for s in run["summary"]["storms"] if s["port"] == QUEUE)
+    row = next(r for r in run["stats"]["stats"] if r["queue"] == f"{QUEUE}:3")
+    r = run["transfer"]
+    took = s["detected_at"] - s["paused_at"]
+    print(f"\n{action}: detected at +{took:.3f} s wall; {row}; transfer intact {r['intact']}, "
+          f"{r['retransmits']} resent")
+    assert DETECTION_S * d <= took <= (DETECTION_S + POLL_S) * d + LATE_S
+    assert s["action"] == action and row["storm_detected"] == 1 and row["storm_restored"] == 1
+    # Neither drops; forward sends what arrives for the stormed queue and ignores its PAUSEs,
+    # alert obeys them and only counts.
+    assert row["tx_drop"] == 0 and row["rx_drop"] == 0 and row["tx_ok"] > 0
+    if action == "forward":
+        assert row["pause_ignored"] > 0
+    else:
+        assert row["pause_ignored"] == 0
+    assert r["intact"] and r["complete"]

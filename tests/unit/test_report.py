@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 
+import matplotlib.image
 import pytest
 
 from emulator.stats import jain
 from emulator.telemetry import report
+from emulator.model.timemodel import TimeModel
 from emulator.telemetry.records import PortReading, PortSample
 
 
@@ -60,3 +62,18 @@ def test_reaction_summarises_the_senders_own_summaries():
     assert report.reaction(r) == {"p50_per_sender": [1e-3, 2e-3, 3e-3], "p50_median": 2e-3,
                                   "p90_max": 9e-3, "max": 30e-3}
     assert report.reaction({"senders": [{"nic": {}}]}) is None
+
+
+@pytest.mark.parametrize("paused", [False, True])
+def test_the_plot_adds_a_pause_panel_when_a_port_paused(tmp_path, paused):
+    r = _result([200e6] * 10, [200e6] * 10, depths=(0, 4000))
+    r.update(src="a", dst="c", rate_control="none", transport="selective",
+             time_model=TimeModel.of(1e-3, 4).as_dict())
+    if paused:
+        for k, sample in enumerate(r["telemetry"]["ports"]):
+            sample["ports"][0]["paused"] = 8 if 3 <= k <= 6 else 0
+        r["pfc"] = {"storms": [{"port": "leaf:eth0", "prio": 3, "action": "drop", "paused_at": 100.03,
+                                "detected_at": 100.05, "restored_at": 100.09}], "injected": []}
+    out = report.plot(r, tmp_path / "r.png")
+    height = matplotlib.image.imread(out).shape[0]
+    assert height == (11 if paused else 9) * 110  # inches x dpi: a fourth panel with PFC
