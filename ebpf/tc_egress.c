@@ -106,6 +106,11 @@ int bp_tc_egress(struct __sk_buff *skb)
 	cnt = bp_counters.lookup(&ifindex);
 	if (!cnt || !(port->flags & BP_PORT_SWITCH))
 		goto done;
+	if (port->flags & BP_PORT_DOWN) {
+		cnt->drop_link_down++;
+		rc = TC_ACT_SHOT; /* a dead link sends nothing, PFC frames included */
+		goto done;
+	}
 	if (tagged)
 		cnt->tagged++;
 	key = ifindex * BP_QUEUE_SLOTS + BP_NUM_PRIO;

@@ -198,6 +198,11 @@ int bp_xdp_ingress(struct xdp_md *ctx)
 	/* ... and, in drop mode, what its port receives at that priority. */
 	if (bp_wd_drops(ifindex, prio, 1, 0))
 		rc = XDP_DROP;
+	/* A dead port takes nothing in; what was in flight to it is lost (counted dequeued above). */
+	if (port->flags & BP_PORT_DOWN) {
+		cnt->drop_link_down++;
+		rc = XDP_DROP;
+	}
 	if (rc == XDP_DROP)
 		goto out;
 	proto = bp_parse_eth(&mc, data_end, &eth);

@@ -35,6 +35,8 @@
 #define BP_PORT_PRIO_QUEUES 8 /* egress is HTB with a leaf per priority: set skb->priority */
 #define BP_PORT_UP 16      /* a switch port towards a higher tier (leaf to spine, spine to border):
 			    * in by one and out by another is a bounce, which Tagger re-tags */
+#define BP_PORT_DOWN 32    /* a fault: its fiber is cut or its switch failed; nothing leaves by it
+			    * and nothing it receives is taken in (what its queue held still drains) */
 
 /* IPv4 ECN codepoints (RFC 3168). */
 #define BP_ECN_MASK 3

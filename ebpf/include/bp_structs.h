@@ -113,6 +113,7 @@ struct bp_counters {
 	__u64 mac_control;      /* 802.3x PAUSE or other MAC control frames: counted, dropped */
 	__u64 kicks;            /* gate restarts received (BP_ETH_P_KICK): dropped */
 	__u64 tagged;           /* lossless packets that bounced here and moved to Tagger's priority */
+	__u64 drop_link_down;   /* sent or received while the port was down (a cut, a failed switch) */
 };
 
 /*

@@ -27,6 +27,7 @@ PORT_PEER_TBF = 2
 PORT_PFC = 4
 PORT_PRIO_QUEUES = 8
 PORT_UP = 16
+PORT_DOWN = 32  # a fault: a cut fiber's border ports, a failed switch's ports
 TAG_PRIO_SHIFT = 12
 TAG_IFINDEX_MASK = 0xFFF
 
@@ -129,7 +130,7 @@ class Counters(ct.Structure):
         "rx_pkts", "rx_bytes", "roce_pkts", "kernel_pkts", "no_route", "ttl_expired", "fragments",
         "drop_truncated", "drop_ip_version", "drop_ip_header", "drop_roce_header", "fwd_pkts",
         "fwd_bytes", "tx_pkts", "tx_bytes", "ecn_marks", "drop_buffer", "drop_no_port", "drop_loss",
-        "mac_control", "kicks", "tagged",
+        "mac_control", "kicks", "tagged", "drop_link_down",
     )]
 
 

@@ -10,7 +10,7 @@ import json
 import click
 
 from emulator.cli.app import core, main, name_option, need_root
-from emulator.cli.text import format_pfcwd_config, format_pfcwd_stats
+from emulator.cli.text import format_faults, format_pfcwd_config, format_pfcwd_stats
 from emulator.control import client
 from emulator.model import spec, units
 
@@ -128,3 +128,86 @@ def pfc_storm(name: str, node: str, ifname: str | None, priority: int | None, fo
         until = "until stopped (backplane inject pfc-storm --stop)" if storm["until"] is None else \
             f"for {for_}"
         click.echo(f"{storm['port']}: sending PAUSE on priority {storm['prio']} {until}")
+
+
+_detection = click.option("--detection", default=None,
+                          help="How long the control plane takes to notice (BFD-like), real time "
+                               "[default: 150ms, 3 x 50 ms].")
+
+
+def _apply(name: str, kind: str, target: str, as_json: bool, detection: str | None, **extra) -> None:
+    need_root(f"inject {kind}")
+    r = client.request(name, {"op": "inject", "kind": kind, "target": target, "detection_s": _duration(detection),
+                              **extra})
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    if kind == "restore":
+        for f in r["fault"]["restored"]:
+            click.echo(f"fault {f['id']} ({f['kind']} {f['target']}) restored: {', '.join(f['ports'])} up; ECMP "
+                       "takes them back after the detection time")
+        return
+    f = r["fault"]
+    click.echo(f"fault {f['id']}: {kind} {target}: {', '.join(f['ports'])} down; ECMP withdraws them after "
+               f"{units.format_duration(f['options']['detection_s'])} (real)")
+
+
+@inject.command(name="fiber-cut")
+@name_option
+@click.argument("path")
+@_detection
+@click.option("--json", "as_json", is_flag=True)
+@core
+def fiber_cut(name: str, path: str, detection: str | None, as_json: bool) -> None:
+    """Cut long-haul PATH (wan0, wan1, ...): both directions, until `inject restore PATH`."""
+    _apply(name, "fiber-cut", path, as_json, detection)
+
+
+@inject.command(name="link-flap")
+@name_option
+@click.argument("target")
+@click.option("--count", type=click.IntRange(1, 10_000), default=1, show_default=True, help="Down-up cycles.")
+@click.option("--period", required=True, help="One cycle (down half, up half), real time, e.g. 2ms.")
+@_detection
+@click.option("--json", "as_json", is_flag=True)
+@core
+def link_flap(name: str, target: str, count: int, period: str, detection: str | None, as_json: bool) -> None:
+    """Take TARGET (a long-haul path, or a switch port NODE:IFNAME and its far end) down and up."""
+    _apply(name, "link-flap", target, as_json, detection, count=count, period_s=_duration(period))
+
+
+@inject.command(name="switch-failure")
+@name_option
+@click.argument("node")
+@_detection
+@click.option("--json", "as_json", is_flag=True)
+@core
+def switch_failure(name: str, node: str, detection: str | None, as_json: bool) -> None:
+    """Fail switch NODE: every port of it down, until `inject restore NODE`."""
+    _apply(name, "switch-failure", node, as_json, detection)
+
+
+@inject.command(name="restore")
+@name_option
+@click.argument("target")
+@click.option("--json", "as_json", is_flag=True)
+@core
+def restore(name: str, target: str, as_json: bool) -> None:
+    """Undo the faults on TARGET (the path, port or switch they were applied to), or all."""
+    _apply(name, "restore", target, as_json, None)
+
+
+@main.command()
+@name_option
+@click.option("--json", "as_json", is_flag=True)
+@core
+def faults(name: str, as_json: bool) -> None:
+    """The faults applied to a running fabric, each with its timeline: taken effect, withdrawn
+    from ECMP (converged), restored, back in ECMP."""
+    need_root("faults")
+    r = client.request(name, {"op": "faults"})
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    for line in format_faults(r):
+        click.echo(line)

@@ -222,7 +222,7 @@ def format_port_table(ports: list[dict], tm: TimeModel, before: dict | None = No
     size = lambda nbytes: units.format_size(tm.real_size(nbytes))  # noqa: E731
     lines = []
     head = (f"  {'port':<20} {'rate':>9} {'tx pkts':>9} {'tx now':>10} {'depth':>8} {'max':>8} {'marks':>7} "
-            f"{'buf drop':>8} {'bad pkt':>7} {'qdisc drop':>10}")
+            f"{'buf drop':>8} {'down drop':>9} {'bad pkt':>7} {'qdisc drop':>10}")
     lines.append(head)
     paths = []
     for p in ports:
@@ -235,12 +235,13 @@ def format_port_table(ports: list[dict], tm: TimeModel, before: dict | None = No
         old = before.get((p["node"], p["ifname"]))
         if old and interval and c:
             tx_now = rate((c["tx_bytes"] - old["counters"]["tx_bytes"]) * 8 / interval)
-        bad = sum(v for k, v in c.items() if k.startswith("drop_") and k not in ("drop_buffer", "drop_loss"))
+        bad = sum(v for k, v in c.items()
+                  if k.startswith("drop_") and k not in ("drop_buffer", "drop_loss", "drop_link_down"))
         lines.append(
             f"  {p['node'] + ':' + p['ifname']:<20} {rate(p['rate_bps'] or 0):>9} "
             f"{c.get('tx_pkts', qd.get('packets', 0)):>9} {tx_now:>10} {size(q.get('depth_bytes', 0)):>8} "
             f"{size(q.get('max_depth_bytes', 0)):>8} {c.get('ecn_marks', 0):>7} "
-            f"{c.get('drop_buffer', 0):>8} {bad:>7} {qd.get('drops', 0):>10}")
+            f"{c.get('drop_buffer', 0):>8} {c.get('drop_link_down', 0):>9} {bad:>7} {qd.get('drops', 0):>10}")
         if "wan_path" in p:
             paths.append(p)
     sent = {}
@@ -299,4 +300,27 @@ def format_recording(body: dict) -> list[str]:
                     if s.get("restored_at") else "")
         lines.append(f"  storm on {s['port']}:{s['prio']} ({s['action']}): detected at "
                      f"+{units.format_duration(tm.real_time(s['detected_at'] - t0))}{restored}")
+    return lines
+
+
+def format_faults(body: dict) -> list[str]:
+    """``backplane faults``: each fault's timeline from when it was asked for, real time."""
+    tm = time_model(body)
+    if not body["faults"]:
+        return ["no faults applied"]
+
+    def at(f: dict, key: str) -> str:
+        t = f.get(key)
+        return "-" if t is None else "+" + units.format_duration(tm.real_time(t - f["asked_at"]))
+
+    lines = [f"  {'ID':>3} {'EVENT':<15} {'TARGET':<18} {'DOWN':>9} {'CONVERGED':>10} {'RESTORED':>10} "
+             f"{'BACK':>10}  PORTS"]
+    for f in body["faults"]:
+        lines.append(f"  {f['id']:>3} {f['kind']:<15} {f['target']:<18} {at(f, 'took_effect_at'):>9} "
+                     f"{at(f, 'converged_at'):>10} {at(f, 'restored_at'):>10} {at(f, 'reconverged_at'):>10}  "
+                     f"{', '.join(f['ports'])}")
+    lines.append(f"  ports down now: {', '.join(body['down']) or 'none'}; withdrawn from ECMP: "
+                 f"{', '.join(body['withdrawn']) or 'none'}")
+    for e in body.get("errors") or []:
+        lines.append(f"  ERROR: {e}")
     return lines

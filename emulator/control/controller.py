@@ -20,7 +20,9 @@ from emulator import errors
 from emulator.bpf import install
 from emulator.control import state
 from emulator.fabric.build import Fabric
+from emulator.faults.agent import FaultAgent, KINDS as FAULT_KINDS
 from emulator.model import plan as plan_mod, spec
+from emulator.model.scenario import DEFAULT_DETECTION_S
 from emulator.fabric import queues
 from emulator.model.plan import SWITCH_ROLES
 from emulator.telemetry import describe, ports as telemetry
@@ -56,6 +58,7 @@ class Controller:
         self.hash_mode = self.plan.spec.ecmp.hash  # set_hash changes it while the fabric runs
         self._switch_ports = None  # the ports "sample" reads, listed once
         self._marks: dict[int, object] = {}  # fidelity marks a run is judged against later
+        self._fault_agent = None  # faults.agent.FaultAgent, from the first fault on
 
     def _guard(self) -> telemetry.FidelityGuard:
         if self.guard is None:
@@ -189,11 +192,33 @@ class Controller:
                     "storms": [s.as_dict() for s in dp.pfc.storms]}
         raise errors.UsageError(f"pfcwd {cmd!r}: use start, stop, config or stats")
 
+    def _faults(self):
+        if self._fault_agent is None:
+            self._fault_agent = FaultAgent(self._datapath(), self.plan, DEFAULT_DETECTION_S)
+        return self._fault_agent
+
+    def _fault(self, request: dict) -> dict:
+        # The faults applied so far, each with its timeline.
+        tm = self.plan.spec.time.as_dict()
+        if self._fault_agent is None:
+            return {"ok": True, "faults": [], "errors": [], "down": [], "withdrawn": [], "now": time.monotonic(),
+                    "time_model": tm}
+        return {"ok": True, **self._fault_agent.summary(), "time_model": tm}
+
     def _inject(self, request: dict) -> dict:
-        # Faults on a running fabric: a PFC storm from a port (a stuck NIC).
+        # Faults on a running fabric: ports down (a cut fiber, a flapping link, a failed switch)
+        # and their restoration, or a PFC storm from a port (a stuck NIC).
+        kind = request.get("kind")
+        if kind in FAULT_KINDS:
+            detection = request.get("detection_s")
+            if detection is not None and float(detection) < 0:
+                raise errors.UsageError("detection: must be a time of 0 or more")
+            options = {k: request[k] for k in ("count", "period_s") if request.get(k) is not None}
+            return {"ok": True, "fault": self._faults().apply(kind, str(request.get("target")), options, detection),
+                    "now": time.monotonic()}
         dp = self._agent()
-        if request.get("kind") != "pfc-storm":
-            raise errors.UsageError(f"inject {request.get('kind')!r}: this controller injects pfc-storm")
+        if kind != "pfc-storm":
+            raise errors.UsageError(f"inject {kind!r}: use one of pfc-storm, {', '.join(FAULT_KINDS)}")
         node = str(request.get("node"))
         try:
             role = self.plan.node(node).role
@@ -232,12 +257,14 @@ class Controller:
 
     def _down(self, request: dict) -> dict:
         started = time.monotonic()
+        if self._fault_agent is not None:
+            self._fault_agent.close()
         self.fabric.stop()
         return {"ok": True, "down_seconds": time.monotonic() - started}
 
     HANDLERS = {"ping": _ping, "status": _status, "plan": _plan, "fidelity": _fidelity, "stats": _stats,
                 "queue": _queue, "pacing": _pacing, "sample": _sample, "pfc": _pfc, "pfcwd": _pfcwd,
-                "inject": _inject, "set_hash": _set_hash, "down": _down}
+                "inject": _inject, "faults": _fault, "set_hash": _set_hash, "down": _down}
 
     def serve(self, listener: socket.socket) -> None:
         while True:

@@ -432,8 +432,9 @@ def from_text(text: str, file: str, dilation: float | str | None = None) -> Fabr
     return out if dilation is None else with_dilation(out, dilation)
 
 
-def parse(text: str, file: str = "<string>") -> FabricSpec:
-    """Validate the YAML text of a topology; ``file`` is used in error messages."""
+def load_yaml(text: str, file: str) -> Any:
+    """A YAML document of ours (topology, scenario), refusing bad YAML and any key given twice
+    (YAML would silently keep the second) with the line."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -446,6 +447,12 @@ def parse(text: str, file: str = "<string>") -> FabricSpec:
         path, first, again = dup
         raise SpecError(file, path, f"given twice (lines {first} and {again}); YAML would silently keep the "
                                     "second: remove one")
+    return doc
+
+
+def parse(text: str, file: str = "<string>") -> FabricSpec:
+    """Validate the YAML text of a topology; ``file`` is used in error messages."""
+    doc = load_yaml(text, file)
     r = _Reader(file)
     top = r.mapping(
         doc,

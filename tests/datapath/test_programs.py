@@ -252,3 +252,25 @@ def test_attach_reads_back_and_detach_removes_everything(dp, ns):
     assert not any(q.get_attr("TCA_KIND") == "clsact" for q in ns.get_qdiscs(index=index))
     xdp = ns.get_links(index)[0].get_attr("IFLA_XDP")
     assert xdp is None or xdp.get_attr("IFLA_XDP_ATTACHED") in (None, 0, "none")
+
+
+def test_a_down_port_sends_nothing_and_takes_nothing_in_but_its_queue_drains(programmed):
+    """A fault (a cut fiber, a failed switch) marks a port down: its egress drops everything,
+    RoCE or not, before it counts as queued; what it receives is dropped; and the peer that
+    receives what its queue still held counts the dequeue, so the depth stays exact."""
+    down = S.Port(NODE_ID, S.PORT_SWITCH | S.PORT_DOWN, 0, 32000, S.mac_bytes(MAC_IN), S.mac_bytes(MAC_PEER))
+    programmed.set_port(IN_PORT, down)
+    reset_port(programmed, IN_PORT)
+    try:
+        data = roce()
+        assert run_tc(programmed, TC_EGRESS_PROG, data).retval == TC_ACT_SHOT
+        assert run_xdp(programmed, data).retval == XDP_DROP
+        c = programmed.counters(IN_PORT)
+        assert c["drop_link_down"] == 2 and c["tx_pkts"] == 0 and c["roce_pkts"] == 0
+        assert programmed.queue(IN_PORT)["enq_bytes"] == 0
+        # Its queue drains into the peer, which counts the dequeue as usual.
+        assert run_xdp(programmed, data, port=FIBER_PORT).retval == XDP_PASS
+        assert programmed.queue(IN_PORT)["deq_bytes"] == len(data)
+    finally:
+        programmed.set_port(IN_PORT, S.Port(NODE_ID, S.PORT_SWITCH, 0, 32000, S.mac_bytes(MAC_IN),
+                                            S.mac_bytes(MAC_PEER)))

@@ -1,0 +1,209 @@
+"""The controller's fault agent: takes switch ports down and up on a running fabric, and plays
+the control plane's reaction, withdrawing dead next hops from the datapath's ECMP groups only
+after the detection delay (BFD-like, dilated) and restoring them the same way.
+
+Every event is timed on CLOCK_MONOTONIC (one clock with the port samples and the NICs): when it
+was asked for, when the datapath took it (took_effect_at), when the control plane noticed and
+the ECMP groups changed (converged_at).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from emulator.bpf import structs as S
+from emulator.errors import UsageError
+from emulator.faults import routing
+from emulator.model.plan import FabricPlan
+
+# The events this agent applies (the rest of a scenario's kinds are refused with the reason).
+KINDS = ("fiber-cut", "link-flap", "switch-failure", "restore")
+
+
+@dataclass
+class Fault:
+    """One fault and its timeline (monotonic wall seconds; None: not yet)."""
+
+    id: int
+    kind: str
+    target: str
+    ports: list[str]  # "node:ifname" it takes down
+    options: dict = field(default_factory=dict)
+    asked_at: float = 0.0
+    took_effect_at: float | None = None  # ports down in the datapath
+    converged_at: float | None = None  # dead next hops withdrawn from ECMP
+    restored_at: float | None = None  # ports up again
+    reconverged_at: float | None = None  # next hops back in ECMP
+    flaps_done: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class FaultAgent:
+    """Applies faults from the controller's requests; one thread runs the timers."""
+
+    def __init__(self, datapath, plan: FabricPlan, detection_real_s: float) -> None:
+        self.datapath, self.plan = datapath, plan
+        self.detection_real_s = detection_real_s
+        self.faults: list[Fault] = []
+        self.errors: list[str] = []
+        self._ids = itertools.count(1)
+        self._down: dict[str, set[int]] = {}  # port -> the faults holding it down now
+        self._since: dict[str, float] = {}  # port -> when it last went down
+        self._noticed: dict[str, set[int]] = {}  # what the control plane has seen, detection later
+        self._groups = routing.ecmp_groups(plan, set())
+        self._ifindex = {f"{p.node}:{p.ifname}": p.ifindex for p in plan.ports()}
+        self._timers: list[tuple[float, int, str, int]] = []
+        self._seq = itertools.count()
+        self._lock = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="fault-agent", daemon=True)
+        self._thread.start()
+
+    # --- requests (the controller's thread) ---
+
+    def apply(self, kind: str, target: str, options: dict | None = None,
+              detection_real_s: float | None = None) -> dict:
+        """Apply ``kind`` to ``target`` now; returns the fault as recorded."""
+        options = dict(options or {})
+        if kind == "restore":
+            return {"restored": self.restore(target)}
+        if kind not in KINDS:
+            raise UsageError(f"{kind}: this fabric's fault agent applies {', '.join(KINDS)}")
+        ports = [f"{p.node}:{p.ifname}" for p in routing.dead_ports(self.plan, kind, target)]
+        if kind == "link-flap":
+            if int(options.get("count", 1)) < 1 or not float(options.get("period_s", 0)) > 0:
+                raise UsageError("link-flap: give --count >= 1 and a --period above 0")
+        detection = self.detection_real_s if detection_real_s is None else detection_real_s
+        with self._lock:
+            fault = Fault(next(self._ids), kind, target, ports, {**options, "detection_s": detection},
+                          asked_at=time.monotonic())
+            self.faults.append(fault)
+            self._take_down(fault)
+            if kind == "link-flap":
+                self._schedule(fault.took_effect_at + self._wall(options["period_s"]) / 2, "flap-up", fault.id)
+            self._lock.notify()
+        return fault.as_dict()
+
+    def restore(self, target: str) -> list[dict]:
+        """Bring up every port a fault on ``target`` (or "all") holds down; the ECMP groups
+        follow after the detection delay."""
+        with self._lock:
+            hit = [f for f in self.faults if f.restored_at is None and target in ("all", f.target)]
+            if not hit:
+                active = sorted({f.target for f in self.faults if f.restored_at is None})
+                raise UsageError(f"restore: no fault on {target!r} to undo (active: {', '.join(active) or 'none'})")
+            for f in hit:
+                self._bring_up(f, final=True)
+            self._lock.notify()
+        return [f.as_dict() for f in hit]
+
+    def summary(self) -> dict:
+        with self._lock:
+            return {"faults": [f.as_dict() for f in self.faults], "errors": list(self.errors), "down": sorted(p for p, s in self._down.items() if s),
+                    "withdrawn": sorted(p for p, s in self._noticed.items() if s), "now": time.monotonic()}
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._lock.notify()
+        self._thread.join(timeout=5)
+
+    # --- the datapath (under the lock) ---
+
+    def _wall(self, real_s: float) -> float:
+        return self.plan.spec.time.time(real_s)
+
+    def _set_down(self, port: str, down: bool) -> None:
+        if down:
+            self._since[port] = time.monotonic()
+        ifindex = self._ifindex[port]
+        entry = self.datapath.port_entry(ifindex)
+        entry.flags = (entry.flags | S.PORT_DOWN) if down else (entry.flags & ~S.PORT_DOWN)
+        self.datapath.set_port(ifindex, entry)
+
+    def _take_down(self, fault: Fault, first: bool = True) -> None:
+        for port in fault.ports:
+            was = bool(self._down.get(port))
+            self._down.setdefault(port, set()).add(fault.id)
+            if not was:
+                self._set_down(port, True)
+        now = time.monotonic()
+        if first:
+            fault.took_effect_at = now
+        self._schedule(now + self._wall(fault.options["detection_s"]), "notice-down", fault.id)
+
+    def _bring_up(self, fault: Fault, final: bool) -> None:
+        for port in fault.ports:
+            held = self._down.get(port, set())
+            held.discard(fault.id)
+            if not held:
+                self._set_down(port, False)
+        now = time.monotonic()
+        if final:
+            fault.restored_at = now
+        self._schedule(now + self._wall(fault.options["detection_s"]), "notice-up", fault.id)
+
+    def _converge(self) -> None:
+        """Write the ECMP groups the control plane's view of dead ports leaves."""
+        groups = routing.ecmp_groups(self.plan, {p for p, s in self._noticed.items() if s})
+        for (uid, dst), ifindexes in groups.items():
+            if ifindexes != self._groups.get((uid, dst)):
+                self.datapath.set_route(uid, dst, ifindexes)
+        self._groups = groups
+
+    # --- timers (the agent's thread) ---
+
+    def _schedule(self, due: float, what: str, fault_id: int) -> None:
+        heapq.heappush(self._timers, (due, next(self._seq), what, fault_id))
+
+    def _run(self) -> None:
+        with self._lock:
+            while not self._stop:
+                now = time.monotonic()
+                if self._timers and self._timers[0][0] <= now:
+                    _, _, what, fid = heapq.heappop(self._timers)
+                    try:
+                        self._fire(what, next(f for f in self.faults if f.id == fid), now)
+                    except Exception as e:  # noqa: BLE001 - a map gone with the fabric; keep the reason
+                        self.errors.append(f"{what} of fault {fid}: {type(e).__name__}: {e}")
+                    continue
+                self._lock.wait(timeout=(self._timers[0][0] - now) if self._timers else None)
+
+    def _fire(self, what: str, fault: Fault, now: float) -> None:
+        if what == "notice-down":
+            # BFD sees a port dead only once it has been dead for the whole detection time.
+            detect = self._wall(fault.options["detection_s"])
+            dead = [p for p in fault.ports if self._down.get(p) and now - self._since[p] >= detect * 0.999]
+            for p in dead:
+                self._noticed.setdefault(p, set()).add(fault.id)
+            if dead:
+                self._converge()
+                if fault.converged_at is None:
+                    fault.converged_at = time.monotonic()
+        elif what == "notice-up":
+            changed = False
+            for p in fault.ports:
+                if not self._down.get(p) and fault.id in self._noticed.get(p, set()):
+                    self._noticed[p].discard(fault.id)
+                    changed = True
+            if changed:
+                self._converge()
+            if fault.restored_at is not None and fault.reconverged_at is None:
+                fault.reconverged_at = time.monotonic()
+        elif what == "flap-up":
+            if fault.restored_at is not None:
+                return  # restored by hand while it flapped
+            self._bring_up(fault, final=False)
+            fault.flaps_done += 1
+            if fault.flaps_done < int(fault.options.get("count", 1)):
+                self._schedule(now + self._wall(fault.options["period_s"]) / 2, "flap-down", fault.id)
+            else:
+                fault.restored_at = now
+        elif what == "flap-down" and fault.restored_at is None:
+            self._take_down(fault, first=False)
+            self._schedule(now + self._wall(fault.options["period_s"]) / 2, "flap-up", fault.id)

@@ -1,0 +1,70 @@
+"""What a fault takes down, and the ECMP groups the control plane leaves once it noticed.
+
+Pure: functions of the fabric's plan. A fault marks switch ports down (the datapath then sends
+and takes in nothing by them); after the detection delay (BFD-like) every switch withdraws the
+next hops that lead through a dead port from its ECMP groups, and restores them the same way.
+"""
+from __future__ import annotations
+
+import ipaddress
+
+from emulator.errors import UsageError
+from emulator.model.plan import FabricPlan, Port, SWITCH_ROLES
+
+
+def _switch_port(plan: FabricPlan, port: Port) -> bool:
+    return plan.node(port.node).role in SWITCH_ROLES
+
+
+def dead_ports(plan: FabricPlan, kind: str, target: str) -> list[Port]:
+    """The switch ports ``kind`` on ``target`` takes down.
+
+    - ``fiber-cut`` and ``link-flap`` on a path (``wan3``): both borders' ports onto its fiber;
+    - ``link-flap`` on a port (``node:ifname``): that port and the one at its far end;
+    - ``switch-failure`` on a switch: every port it has.
+    """
+    if kind in ("fiber-cut", "link-flap") and ":" not in target:
+        try:
+            fiber = plan.node(target)
+        except KeyError:
+            fiber = None
+        if fiber is None or fiber.role != "fiber":
+            paths = ", ".join(n.name for n in plan.nodes if n.role == "fiber") or "none"
+            raise UsageError(f"{kind}: {target!r} is not a long-haul path of fabric {plan.name!r} (its paths: {paths})")
+        return [plan.peer(p) for p in plan.ports(target)]
+    if kind == "link-flap":
+        node, _, ifname = target.partition(":")
+        try:
+            port = plan.port(node, ifname)
+        except KeyError:
+            raise UsageError(f"link-flap: no port {target!r} in fabric {plan.name!r}") from None
+        ends = [port, plan.next_hop(port)]
+        return [p for p in ends if _switch_port(plan, p)]
+    if kind == "switch-failure":
+        try:
+            role = plan.node(target).role
+        except KeyError:
+            role = None
+        if role not in SWITCH_ROLES:
+            switches = ", ".join(n.name for n in plan.nodes if n.role in SWITCH_ROLES)
+            raise UsageError(f"switch-failure: {target!r} is not a switch of fabric {plan.name!r} ({switches})")
+        return list(plan.ports(target))
+    raise UsageError(f"{kind} does not take ports down")
+
+
+def ecmp_groups(plan: FabricPlan, down: set[str]) -> dict[tuple[int, ipaddress.IPv4Network], list[int]]:
+    """Every switch's ECMP group (node uid, destination) -> the ifindexes it uses, without the
+    next hops that lead through a port in ``down`` ("node:ifname"): its own port is dead, or
+    the next IP node's port behind it is. A group that would be left empty keeps its next hops
+    (nothing else reaches that destination; what is sent into a dead port is lost there)."""
+    out = {}
+    for node in plan.nodes:
+        if node.role not in SWITCH_ROLES:
+            continue
+        ports = {p.ifname: p for p in plan.ports(node.name)}
+        for route in plan.routes[node.name]:
+            every = [ports[dev] for _, dev in route.nexthops]
+            live = [p for p in every if f"{p.node}:{p.ifname}" not in down
+                    and f"{plan.next_hop(p).node}:{plan.next_hop(p).ifname}" not in down]
+            out[(node.uid, route.dst)] = [p.ifindex for p in (live or every)]
+    return out
