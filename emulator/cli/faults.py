@@ -148,8 +148,11 @@ def _apply(name: str, kind: str, target: str, as_json: bool, detection: str | No
                        "takes them back after the detection time")
         return
     f = r["fault"]
-    click.echo(f"fault {f['id']}: {kind} {target}: {', '.join(f['ports'])} down; ECMP withdraws them after "
-               f"{units.format_duration(f['options']['detection_s'])} (real)")
+    if "detection_s" in f["options"]:
+        click.echo(f"fault {f['id']}: {kind} {target}: {', '.join(f['ports'])} down; ECMP withdraws them after "
+                   f"{units.format_duration(f['options']['detection_s'])} (real)")
+    else:
+        click.echo(f"fault {f['id']}: {kind} {target} on {', '.join(f['ports'])}, until `inject restore {target}`")
 
 
 @inject.command(name="fiber-cut")
@@ -211,3 +214,50 @@ def faults(name: str, as_json: bool) -> None:
         return
     for line in format_faults(r):
         click.echo(line)
+
+
+def _parsed(parse, value: str | None, option: str):
+    if value is None:
+        return None
+    try:
+        return parse(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=option) from None
+
+
+@inject.command(name="rate")
+@name_option
+@click.argument("target")
+@click.option("--rate", required=True, help="The degraded rate, the real fabric's, e.g. 100Gbps.")
+@click.option("--json", "as_json", is_flag=True)
+@core
+def rate(name: str, target: str, rate: str, as_json: bool) -> None:
+    """Degrade TARGET (a long-haul path, both ways, or a switch port NODE:IFNAME) to RATE."""
+    _apply(name, "rate", target, as_json, None, rate_bps=_parsed(units.parse_rate, rate, "--rate"))
+
+
+@inject.command(name="ber")
+@name_option
+@click.argument("path")
+@click.option("--ber", default=None, help="Bit error rate, e.g. 1e-6.")
+@click.option("--corruption", default=None, help="Or: the share of packets corrupted.")
+@click.option("--loss", default=None, help="Or: the share of packets lost.")
+@click.option("--json", "as_json", is_flag=True)
+@core
+def ber(name: str, path: str, ber: str | None, corruption: str | None, loss: str | None, as_json: bool) -> None:
+    """Bit errors (or loss) on long-haul PATH, both ways: netem where the fibers have delay lines,
+    the borders' eBPF elsewhere (a corrupted frame fails the ICRC: loss to RoCE)."""
+    _apply(name, "ber", path, as_json, None, ber=_parsed(units.parse_probability, ber, "--ber"),
+           corruption=_parsed(units.parse_probability, corruption, "--corruption"),
+           loss=_parsed(units.parse_probability, loss, "--loss"))
+
+
+@inject.command(name="latency-step")
+@name_option
+@click.argument("path")
+@click.option("--extra", required=True, help="The distance the re-routed path adds, e.g. 200km.")
+@click.option("--json", "as_json", is_flag=True)
+@core
+def latency_step(name: str, path: str, extra: str, as_json: bool) -> None:
+    """Re-route long-haul PATH by EXTRA distance (its delay lines grow; needs them: the VM tier)."""
+    _apply(name, "latency-step", path, as_json, None, extra_m=_parsed(units.parse_distance, extra, "--extra"))

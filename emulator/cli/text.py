@@ -324,3 +324,47 @@ def format_faults(body: dict) -> list[str]:
     for e in body.get("errors") or []:
         lines.append(f"  ERROR: {e}")
     return lines
+
+
+def format_run(body: dict) -> list[str]:
+    """A scenario run's figures, in the real fabric's time."""
+    d = lambda s: "-" if s is None else units.format_duration(s)  # noqa: E731
+    r = body["result"]
+    lines = []
+    if body.get("run_dir"):
+        lines.append(f"run {body['run_dir']}")
+    lines.append(f"  workload: {'intact' if r['intact'] and r['complete'] else 'NOT INTACT'}, "
+                 f"{d(time_model(body).real_time(r['seconds']))}, goodput "
+                 f"{units.format_rate(time_model(body).real_rate(r['goodput_bps']))}, {r['retransmits']} resent, "
+                 f"{r['timeouts']} timeouts")
+    lines.append(f"  {'AT':>8} {'EVENT':<15} {'TARGET':<18} {'LATE':>8} {'DETECTION':>10} {'CONVERGED':>10} "
+                 f"{'LOST':>9} {'LOSS WIN':>9} {'BACK':>9}")
+    for e in body["events"]:
+        lines.append(f"  {d(e['at_s']):>8} {e['kind']:<15} {e['target']:<18} {d(e.get('applied_late_s')):>8} "
+                     f"{d(e.get('detection_s')):>10} {d(e.get('convergence_s')):>10} {d(e.get('time_lost_s')):>9} "
+                     f"{d(e.get('loss_window_s')):>9} {d(e.get('back_in_ecmp_after_s')):>9}")
+        if e.get("error"):
+            lines.append(f"           ERROR: {e['error']}")
+    lines.append("  LATE: applied after the timeline said; DETECTION: dead to noticed (BFD); CONVERGED: noticed to "
+                 "ECMP written; LOST: dead to converged; LOSS WIN: dead to the last sample in which the path's "
+                 "borders dropped what was sent into it; BACK: restored to back in ECMP")
+    if body.get("plot"):
+        lines.append(f"  plot: {body['plot']}")
+    return lines
+
+
+def format_state(body: dict) -> list[str]:
+    """The fabric's state at one moment of a stored run."""
+    t = body["sample_t_real_s"]
+    lines = [f"at {units.format_duration(body['t_real_s'])} (the sample at "
+             f"{'-' if t is None else units.format_duration(t)}):"]
+    for p in body["paths"]:
+        lines.append(f"  wan{p['path']:<3} {'up' if p['up'] else 'DOWN':<5} "
+                     f"{'in ECMP' if p['in_ecmp'] else 'withdrawn':<10} share {p['ecmp_share']:.3f}  "
+                     f"{units.format_rate(p['rate_bps'])}")
+    for q in body["queues"]:
+        paused = f", paused priority {','.join(map(str, q['paused_priorities']))}" if q["paused_priorities"] else ""
+        lines.append(f"  queue {q['port']}: {units.format_size(q['depth_bytes'])}{paused}")
+    if body["senders_rate_bps"] is not None:
+        lines.append(f"  senders: {units.format_rate(body['senders_rate_bps'])}")
+    return lines

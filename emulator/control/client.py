@@ -51,6 +51,9 @@ def request(name: str, payload: dict, timeout: float = 120) -> dict:
             data += chunk
     except (ConnectionRefusedError, FileNotFoundError):
         raise NotRunning(f"the controller of fabric {name!r} does not answer; backplane clean --name {name}") from None
+    except (ConnectionResetError, BrokenPipeError):
+        # It closed its socket with this request in it: it is going down.
+        raise NotRunning(f"the controller of fabric {name!r} closed the connection without answering") from None
     except socket.timeout:
         raise FabricError(f"the controller of fabric {name!r} did not answer within {timeout:g} s") from None
     finally:

@@ -153,7 +153,7 @@ class Controller:
                        "pauses_sent": sum(r["tx_pause"] for r in counts),
                        "lossless_drops": sum(r["drop_headroom"] + r["wd_tx_drop"] + r["wd_rx_drop"] for r in counts)}
             rows.append(PortReading(f"{p.node}:{p.ifname}", q["depth"], q["deq_bytes"], c["ecn_marks"],
-                                    c["drop_buffer"], **pfc))
+                                    c["drop_buffer"], down_drops=c["drop_link_down"], **pfc))
         return {"ok": True, **PortSample(time.monotonic(), rows).as_dict()}
 
     def _agent(self):
@@ -194,12 +194,16 @@ class Controller:
 
     def _faults(self):
         if self._fault_agent is None:
-            self._fault_agent = FaultAgent(self._datapath(), self.plan, DEFAULT_DETECTION_S)
+            self._fault_agent = FaultAgent(self._datapath(), self.plan, DEFAULT_DETECTION_S,
+                                           ipr_of=lambda node: self.fabric.nodes[node].ipr,
+                                           delay_lines=self.fabric.wan_delay)
         return self._fault_agent
 
     def _fault(self, request: dict) -> dict:
         # The faults applied so far, each with its timeline.
         tm = self.plan.spec.time.as_dict()
+        if request.get("prepare"):
+            self._faults()  # its tables computed now, so the first fault is not late by them
         if self._fault_agent is None:
             return {"ok": True, "faults": [], "errors": [], "down": [], "withdrawn": [], "now": time.monotonic(),
                     "time_model": tm}
@@ -213,7 +217,8 @@ class Controller:
             detection = request.get("detection_s")
             if detection is not None and float(detection) < 0:
                 raise errors.UsageError("detection: must be a time of 0 or more")
-            options = {k: request[k] for k in ("count", "period_s") if request.get(k) is not None}
+            options = {k: request[k] for k in ("count", "period_s", "rate_bps", "ber", "corruption", "loss", "extra_m")
+                       if request.get(k) is not None}
             return {"ok": True, "fault": self._faults().apply(kind, str(request.get("target")), options, detection),
                     "now": time.monotonic()}
         dp = self._agent()

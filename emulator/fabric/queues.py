@@ -142,6 +142,45 @@ def _install_priorities(ipr: IPRoute, index: int, egress: Shaping, mtu: int, whe
     ipr.tc("add", "bfifo", index, CONTROL_FIFO << 16, parent=class_id(CONTROL), limit=CONTROL_LIMIT_FRAMES * frame)
 
 
+def set_rate(ipr: IPRoute, index: int, egress: Shaping, rate_bps: int, mtu: int, where: str) -> None:
+    """Change a shaped egress to ``rate_bps`` (emulated) in place, queue and all; raise unless
+    the kernel holds it afterwards. With PFC, the per-priority leaves' ceiling follows."""
+    rate = rate_bps // 8
+    frame = mtu + ETH_HEADER
+    burst = _burst(rate_bps, mtu)
+    try:
+        if egress.priorities or egress.shaper == "htb":
+            ipr.tc("change-class", "htb", index, CLASS, parent=ROOT, rate=rate, ceil=rate, burst=burst,
+                   cburst=burst, quantum=frame, mtu=frame)
+            if egress.priorities:
+                share = max(1, rate // (NUM_PRIO + 1))
+                for minor in [LEAF_BASE + p for p in range(NUM_PRIO)] + [CONTROL]:
+                    ipr.tc("change-class", "htb", index, class_id(minor), parent=CLASS, rate=share, ceil=rate,
+                           burst=burst, cburst=burst, quantum=frame, mtu=frame, prio=0 if minor == CONTROL else 1)
+        else:
+            ipr.tc("change", "tbf", index, ROOT, rate=rate, burst=burst, limit=egress.qdisc_limit, mtu=frame)
+    except NetlinkError as e:
+        raise FabricError(f"{where}: changing the {egress.shaper} rate failed: {os.strerror(e.code)}") from None
+    got = read(ipr, index)
+    if abs(got.get("rate_bps", 0) - rate_bps) > 8:
+        raise FabricError(f"{where}: the kernel holds {got.get('rate_bps')} b/s after setting {rate_bps}")
+
+
+def set_delay_line(ipr: IPRoute, index: int, line: DelayLine, where: str) -> None:
+    """Change a fiber's netem delay line (delay, loss, corruption) in place; raise unless the
+    kernel holds it afterwards."""
+    try:
+        ipr.tc("change", "netem", index, ROOT, delay=line.delay_s * 1e6, limit=line.limit_packets,
+               loss=line.loss * 100, prob_corrupt=line.corruption * 100)
+    except NetlinkError as e:
+        raise FabricError(f"{where}: changing the netem delay line failed: {os.strerror(e.code)}") from None
+    got = read(ipr, index)
+    _verify(got, line, where)
+    if abs(got.get("corruption", 0) - line.corruption) > 1e-6:
+        raise FabricError(f"{where}: the kernel holds corruption {got.get('corruption')} after setting "
+                          f"{line.corruption}")
+
+
 def gates(ipr: IPRoute, index: int) -> dict[int, int]:
     """Each priority's pause gate as the kernel holds it: priority -> TBF rate, bytes/s."""
     out = {}

@@ -14,13 +14,24 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
+import dataclasses
+import math
+
 from emulator.bpf import structs as S
 from emulator.errors import UsageError
+from emulator.fabric import queues
 from emulator.faults import routing
-from emulator.model.plan import FabricPlan
+from emulator.model import units
+from emulator.model.plan import DelayLine, FabricPlan, Port, Shaping
+from emulator.model.spec import ETH_HEADER
 
-# The events this agent applies (the rest of a scenario's kinds are refused with the reason).
-KINDS = ("fiber-cut", "link-flap", "switch-failure", "restore")
+# Faults that take ports down (the control plane reacts), faults that change a setting of a
+# path or port (nothing to detect: packets just go slower, later or wrong), and restore.
+DOWN_KINDS = ("fiber-cut", "link-flap", "switch-failure")
+SETTING_KINDS = ("rate", "ber", "latency-step")
+KINDS = DOWN_KINDS + SETTING_KINDS + ("restore",)
+# netem's queue of a longer fiber grows with its delay; never below this many packets.
+MIN_NETEM_LIMIT = 1000
 
 
 @dataclass
@@ -34,6 +45,7 @@ class Fault:
     options: dict = field(default_factory=dict)
     asked_at: float = 0.0
     took_effect_at: float | None = None  # ports down in the datapath
+    noticed_at: float | None = None  # the control plane saw them dead (the detection time later)
     converged_at: float | None = None  # dead next hops withdrawn from ECMP
     restored_at: float | None = None  # ports up again
     reconverged_at: float | None = None  # next hops back in ECMP
@@ -46,8 +58,13 @@ class Fault:
 class FaultAgent:
     """Applies faults from the controller's requests; one thread runs the timers."""
 
-    def __init__(self, datapath, plan: FabricPlan, detection_real_s: float) -> None:
+    def __init__(self, datapath, plan: FabricPlan, detection_real_s: float, ipr_of=None,
+                 delay_lines: bool = False) -> None:
+        """``ipr_of(node)``: the node's netlink socket (rate and delay-line changes);
+        ``delay_lines``: the fibers hold netem delay lines (the VM tier), which then carry
+        bit errors and latency; without them the borders' eBPF drops for the errors."""
         self.datapath, self.plan = datapath, plan
+        self.ipr_of, self.delay_lines = ipr_of, delay_lines
         self.detection_real_s = detection_real_s
         self.faults: list[Fault] = []
         self.errors: list[str] = []
@@ -74,6 +91,8 @@ class FaultAgent:
             return {"restored": self.restore(target)}
         if kind not in KINDS:
             raise UsageError(f"{kind}: this fabric's fault agent applies {', '.join(KINDS)}")
+        if kind in SETTING_KINDS:
+            return self._apply_setting(kind, target, options)
         ports = [f"{p.node}:{p.ifname}" for p in routing.dead_ports(self.plan, kind, target)]
         if kind == "link-flap":
             if int(options.get("count", 1)) < 1 or not float(options.get("period_s", 0)) > 0:
@@ -98,7 +117,10 @@ class FaultAgent:
                 active = sorted({f.target for f in self.faults if f.restored_at is None})
                 raise UsageError(f"restore: no fault on {target!r} to undo (active: {', '.join(active) or 'none'})")
             for f in hit:
-                self._bring_up(f, final=True)
+                if f.kind in SETTING_KINDS:
+                    self._undo_setting(f)
+                else:
+                    self._bring_up(f, final=True)
             self._lock.notify()
         return [f.as_dict() for f in hit]
 
@@ -112,6 +134,97 @@ class FaultAgent:
             self._stop = True
             self._lock.notify()
         self._thread.join(timeout=5)
+
+    # --- settings of a path or port: rate, bit errors, latency ---
+
+    def _setting_ports(self, kind: str, target: str) -> list[Port]:
+        """The ports whose egress a setting changes: for a path, the borders' ports onto its
+        fiber (rate, and bit errors without delay lines) or the fiber's own (its delay lines)."""
+        fibers = [n.name for n in self.plan.nodes if n.role == "fiber"]
+        if target in fibers:
+            if kind == "latency-step" or (kind == "ber" and self.delay_lines):
+                return list(self.plan.ports(target))
+            return [self.plan.peer(p) for p in self.plan.ports(target)]
+        if kind == "rate" and ":" in target:
+            node, _, ifname = target.partition(":")
+            try:
+                port = self.plan.port(node, ifname)
+            except KeyError:
+                port = None
+            if port is not None and isinstance(port.egress, Shaping):
+                return [port]
+        raise UsageError(f"{kind}: {target!r} is not a long-haul path{' or a shaped switch port' if kind == 'rate' else ''} "
+                         f"of fabric {self.plan.name!r} (its paths: {', '.join(fibers) or 'none'})")
+
+    def _apply_setting(self, kind: str, target: str, options: dict) -> dict:
+        if kind == "latency-step" and not self.delay_lines:
+            raise UsageError("latency-step: this fabric's long-haul paths have no delay lines (netem) to lengthen "
+                             "(up --no-wan-delay, or a kernel without sch_netem): run it in the VM tier "
+                             "(backplane vm run)")
+        need = {"rate": ("rate_bps",), "ber": ("ber", "corruption", "loss"), "latency-step": ("extra_m",)}[kind]
+        given = [k for k in need if options.get(k) is not None]
+        if len(given) != 1:
+            raise UsageError(f"{kind}: give {'one of ' if len(need) > 1 else ''}{', '.join(need)}")
+        value = float(options[given[0]])
+        if not (0 <= value <= 1 if kind == "ber" else value > 0):
+            raise UsageError(f"{kind}: {given[0]} {value:g} is out of range")
+        ports = self._setting_ports(kind, target)
+        with self._lock:
+            fault = Fault(next(self._ids), kind, target, [f"{p.node}:{p.ifname}" for p in ports], dict(options),
+                          asked_at=time.monotonic())
+            for port in ports:
+                self._set(kind, port, options)
+            fault.took_effect_at = time.monotonic()
+            self.faults.append(fault)
+        return fault.as_dict()
+
+    def _undo_setting(self, fault: Fault) -> None:
+        for name in fault.ports:
+            node, _, ifname = name.partition(":")
+            self._set(fault.kind, self.plan.port(node, ifname), None)
+        fault.restored_at = fault.reconverged_at = time.monotonic()
+
+    def _set(self, kind: str, port: Port, options: dict | None) -> None:
+        """Set ``kind`` on ``port`` from ``options`` (None: back to the plan's)."""
+        spec, where = self.plan.spec, f"{port.node}:{port.ifname}"
+        if kind == "rate":
+            rate = port.egress.rate_bps if options is None else spec.emulated_rate(options["rate_bps"])
+            queues.set_rate(self.ipr_of(port.node), port.ifindex, port.egress, rate, spec.mtu, where)
+            # The port its queue drains into times its dequeues against that rate.
+            peer = self.plan.peer(port)
+            entry = self.datapath.port_entry(peer.ifindex)
+            if entry.peer_queue == port.ifindex and entry.peer_rate:
+                entry.peer_rate = rate // 8
+                self.datapath.set_port(peer.ifindex, entry)
+            return
+        line = port.egress if isinstance(port.egress, DelayLine) else None
+        path = next(w for w in spec.wan_paths
+                    if w.index == self.plan.node(self.plan.peer(port).node if line is None else port.node).index)
+        if kind == "ber":
+            loss, corruption = path.loss, path.corruption
+            if options is not None:
+                frame_bits = 8 * (spec.mtu + ETH_HEADER)
+                loss = options.get("loss", path.loss)
+                corruption = options.get("corruption", path.corruption)
+                if "ber" in options:
+                    corruption = 1.0 - (1.0 - options["ber"]) ** frame_bits
+            if line is not None:
+                queues.set_delay_line(self.ipr_of(port.node), port.ifindex,
+                                      dataclasses.replace(line, loss=loss, corruption=corruption), where)
+            else:
+                # No delay line: the border's egress drops what the errors would (a corrupted
+                # frame fails the receiver's ICRC, which is loss to RoCE).
+                entry = self.datapath.port_entry(port.ifindex)
+                drop = path.loss if options is None else 1 - (1 - loss) * (1 - corruption)
+                entry.loss = min(0xFFFFFFFF, round(drop * 2**32))
+                self.datapath.set_port(port.ifindex, entry)
+            return
+        extra = 0.0 if options is None else spec.emulated_time(units.fiber_delay(options["extra_m"]))
+        delay = line.delay_s + extra
+        limit = max(MIN_NETEM_LIMIT, math.ceil(line.limit_packets * delay / line.delay_s)) if line.delay_s else \
+            line.limit_packets
+        queues.set_delay_line(self.ipr_of(port.node), port.ifindex,
+                              dataclasses.replace(line, delay_s=delay, limit_packets=limit), where)
 
     # --- the datapath (under the lock) ---
 
@@ -182,9 +295,10 @@ class FaultAgent:
             for p in dead:
                 self._noticed.setdefault(p, set()).add(fault.id)
             if dead:
+                noticed = time.monotonic()
                 self._converge()
                 if fault.converged_at is None:
-                    fault.converged_at = time.monotonic()
+                    fault.noticed_at, fault.converged_at = noticed, time.monotonic()
         elif what == "notice-up":
             changed = False
             for p in fault.ports:

@@ -101,6 +101,7 @@ class QpState:
     ce_received: int  # CE-marked data packets it received
     tx_bytes: int  # bytes it put on the host link
     unsent: int  # packets posted and never sent yet: with none, the rate owes the QP nothing
+    retransmits: int = 0  # packets it sent again
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -523,7 +524,7 @@ class SoftNic:
         d = self.dilation  # the loop's rates are per virtual second: per wall second is / d
         return QpState(allowed, (rp.rc if rp else line) / d, (rp.rt if rp else line) / d, rp.alpha if rp else 0.0,
                        qp.stats.cnps_received, qp.stats.cnps_sent, self.ce_data[qpn], self.tx_bytes[qpn],
-                       qp.end - qp.nxt)
+                       qp.end - qp.nxt, qp.stats.retransmits)
 
     def stats(self) -> dict:
         return {"rx_packets": self.counters.rx_packets, "tx_packets": self.counters.tx_packets,

@@ -20,6 +20,8 @@ class PortReading:
     paused: int = 0
     pauses_sent: int = 0
     lossless_drops: int = 0
+    # Packets it sent or received while down (a fault: a cut fiber, a failed switch).
+    down_drops: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -122,12 +122,12 @@ def _qp_figures(qp, dilation: float, completed_s: float | None) -> QpFigures:
 class Recorder:
     """Per-QP time series, sampled every ``period`` wall seconds on the orchestrator's clock
     (CLOCK_MONOTONIC is one clock for every namespace), in emulated units: rate and target rate,
-    alpha, CNPs received and sent, CE-marked data received, bytes sent."""
+    alpha, CNPs received and sent, CE-marked data received, bytes sent, packets resent."""
 
     # rate_bps: DCQCN's Rc averaged over the interval ending at the sample (cuts and recoveries
     # faster than the period still show); rc_bps: Rc at the sample.
     COLUMNS = ("rate_bps", "rc_bps", "target_bps", "alpha", "cnps_received", "cnps_sent", "ce_received", "tx_bytes",
-               "unsent")
+               "unsent", "retransmits")
 
     def __init__(self, nic: SoftNic, qps: list, period: float, t0: float) -> None:
         self.nic, self.qps, self.period, self.t0 = nic, qps, period, t0

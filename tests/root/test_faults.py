@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from emulator.control import client
 from emulator.fabric import capabilities
 
@@ -93,3 +95,105 @@ def test_a_fiber_cut_is_withdrawn_after_detection_and_the_transfer_heals(fabrics
     assert r["intact"] and r["complete"] and r["retransmits"] > 0
     assert DETECTION_S <= g["reconverged_at"] - g["restored_at"] <= DETECTION_S + LATE_S
     assert f"wan{CUT}" in text and "withdrawn from ECMP: none" in text
+
+
+def border_ports(name: str, path: int) -> list[dict]:
+    return [p for p in bp_json("stats", "-n", name)["ports"] if p.get("wan_path") == path]
+
+
+def kernel_rates(name: str, path: int) -> list[int]:
+    """The rate the kernel holds on both borders' egress onto ``path`` (status, read back)."""
+    out = []
+    for link in bp_json("status", "-n", name, "--no-rtt")["links"]:
+        for end in (link["a"], link["b"]):
+            if end["node"].endswith("border0") and link["kind"] == "wan" and end.get("kernel", {}).get("kind") in \
+                    ("htb", "tbf") and f"wan{path}" in (link["a"]["node"], link["b"]["node"]):
+                out.append(end["kernel"]["rate_bps"])
+    return out
+
+
+def test_rate_and_bit_errors_on_a_path_and_their_restore(fabrics):
+    name = fabrics("tdeg", "cross-dc", *NO_DELAY)
+    base = kernel_rates(name, 1)
+    bp("inject", "rate", "-n", name, "wan1", "--rate", "100Gbps")
+    slow = kernel_rates(name, 1)
+    bp("inject", "restore", "-n", name, "wan1")
+    back = kernel_rates(name, 1)
+    print(f"\nwan1 egress: {base} -> {slow} -> {back} b/s (emulated)")
+    assert base == [400_000_000] * 2 and slow == [100_000_000] * 2 and back == base
+
+    # Half the packets lost on wan2 (the borders' eBPF without delay lines; netem with them).
+    bp("inject", "ber", "-n", name, "wan2", "--loss", "0.5")
+    r = bp_json("run", "transfer", "-n", name, SRC, DST, "--size", "16MB", "--qps", str(QPS))
+    lost = sum(p["counters"]["drop_loss"] for p in border_ports(name, 2))
+    bp("inject", "restore", "-n", name, "wan2")
+    r2 = bp_json("run", "transfer", "-n", name, SRC, DST, "--size", "16MB", "--qps", str(QPS))
+    lost2 = sum(p["counters"]["drop_loss"] for p in border_ports(name, 2))
+    print(f"loss 0.5 on wan2: {lost} dropped there, {r['retransmits']} resent; restored: {lost2 - lost} dropped, "
+          f"{r2['retransmits']} resent")
+    assert r["intact"] and r["complete"] and r2["intact"] and r2["complete"]
+    if not capabilities.has_netem():
+        # Every data packet the east border dropped had to be sent again (ACKs die at the west one).
+        data_lost = sum(p["counters"]["drop_loss"] for p in border_ports(name, 2) if p["node"].startswith("east"))
+        assert 0 < data_lost <= r["retransmits"] and lost2 == lost
+    else:
+        assert r["retransmits"] > 0
+
+    # Without delay lines there is no latency to step: refused with the reason.
+    if not capabilities.has_netem():
+        refused = bp("inject", "latency-step", "-n", name, "wan0", "--extra", "200km", check=False)
+        assert refused.returncode != 0 and "no delay lines" in refused.stderr and "VM tier" in refused.stderr
+    faults = client.request(name, {"op": "faults"})["faults"]
+    assert [f["kind"] for f in faults] == ["rate", "ber"] and all(f["restored_at"] for f in faults)
+
+
+def test_a_scenario_run_is_recorded_and_replayed(fabrics, tmp_path):
+    """scenarios/fiber-cut.yaml through `run scenario`: the run directory holds the series and
+    events on one clock, its figures give detection and the loss window, and `report --at`
+    replays the fabric's state from the store alone."""
+    name = fabrics("tscn", "cross-dc", *NO_DELAY)
+    out = tmp_path / "run"
+    body = bp_json("run", "scenario", "-n", name, str(REPO / "scenarios" / "fiber-cut.yaml"), "--out", str(out))
+    cut = next(e for e in body["events"] if e["kind"] == "fiber-cut")
+    print(f"\n{bp('report', str(out)).stdout}")
+    assert body["result"]["intact"] and body["result"]["complete"]
+    assert DETECTION_S <= cut["detection_s"] <= DETECTION_S + LATE_S and cut["error"] is None
+    # What was sent into the cut path was lost until ECMP converged, and no longer.
+    assert cut["lost_packets"] > 0 and 0 < cut["loss_window_s"] <= cut["time_lost_s"] + 0.02
+    assert all((out / f).is_file() for f in ("manifest.json", "ports.parquet", "paths.parquet", "nics.parquet",
+                                              "events.parquet", "timeline.png", "report.json"))
+    # Between convergence and restore, the cut path carried nothing; the store says so.
+    import pyarrow.parquet as pq
+
+    paths = pq.read_table(out / "paths.parquet").to_pylist()
+    events = pq.read_table(out / "events.parquet").to_pylist()
+    ev = next(e for e in events if e["kind"] == "fiber-cut")
+    during = sorted((r["t_s"], r["deq_bytes"]) for r in paths if r["path"] == CUT
+                    and ev["converged_s"] <= r["t_s"] <= ev["restored_s"] and r["port"].startswith("east"))
+    assert len(during) > 2 and during[0][1] == during[-1][1]
+    state = bp_json("report", str(out), "--at", "300ms")  # converged at 190-250 ms, restored at 400 ms
+    wan = {p["path"]: p for p in state["paths"]}
+    assert not wan[CUT]["up"] and not wan[CUT]["in_ecmp"] and wan[CUT]["ecmp_share"] == 0
+    assert all(p["in_ecmp"] and p["ecmp_share"] == pytest.approx(1 / 7) for i, p in wan.items() if i != CUT)
+    assert bp_json("report", str(out), "--at", "10ms")["paths"][CUT]["in_ecmp"]
+    again = tmp_path / "again.png"
+    bp("report", str(out), "--plot", str(again))
+    assert again.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("scenario", ["link-flap", "switch-failure"])
+def test_a_flap_and_a_switch_failure_run_to_completion_and_leak_nothing(fabrics, tmp_path, scenario):
+    name = fabrics("tscn2", "cross-dc", *NO_DELAY)
+    body = bp_json("run", "scenario", "-n", name, str(REPO / "scenarios" / f"{scenario}.yaml"), "--out",
+                   str(tmp_path / "run"))
+    print(f"\n{scenario}: {body['result']}; {body['events']}")
+    assert body["result"]["intact"] and body["result"]["complete"]
+    assert all(e["error"] is None for e in body["events"])
+    faults = client.request(name, {"op": "faults"})
+    assert faults["down"] == [] and faults["withdrawn"] == []  # the run left the fabric as it found it
+    ev = body["events"][0]
+    if scenario == "link-flap":
+        # each down half (50 ms) is shorter than the detection time: never withdrawn
+        assert "detection_s" not in ev and all(f["flaps_done"] == 5 for f in faults["faults"])
+    else:
+        assert DETECTION_S <= ev["detection_s"] <= DETECTION_S + LATE_S
