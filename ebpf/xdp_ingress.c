@@ -152,6 +152,36 @@ static __always_inline void bp_event_pfc(__u32 ifindex, struct bp_pfc_frame *pfc
 	bp_events.ringbuf_submit(ev, 0);
 }
 
+/*
+ * Adaptive routing: a flow keeps the next hop it has while its gaps stay under the flowlet gap,
+ * so new weights move only new flows and flowlets and never reorder one in flight; a flow
+ * pinned to a port taken out of ECMP (BP_PORT_AVOID) moves at once (counted on @cnt).
+ */
+static __always_inline __u32 bp_pinned(__u32 node_id, __u32 hash, __u32 chosen, __u32 gap_ns,
+				       struct bp_counters *cnt)
+{
+	struct bp_pin_key k = { .node_id = node_id, .hash = hash };
+	struct bp_pin fresh = {}, *pin = bp_pins.lookup(&k);
+	__u64 now = bpf_ktime_get_ns();
+	struct bp_port *p;
+	__u32 was;
+
+	if (pin) {
+		was = pin->ifindex;
+		p = bp_ports.lookup(&was);
+		if (now - pin->last_ns < gap_ns && p && !(p->flags & BP_PORT_AVOID)) {
+			pin->last_ns = now;
+			return was;
+		}
+		if (was != chosen)
+			cnt->ar_moved++;
+	}
+	fresh.ifindex = chosen;
+	fresh.last_ns = now;
+	bp_pins.update(&k, &fresh);
+	return chosen;
+}
+
 int bp_xdp_ingress(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -284,6 +314,8 @@ int bp_xdp_ingress(struct xdp_md *ctx)
 	if (nh >= BP_MAX_NEXTHOPS)
 		goto kernel;
 	out = route->ifindex[nh];
+	if (cfg->adaptive)
+		out = bp_pinned(port->node_id, hash, out, cfg->flowlet_gap_ns, cnt);
 	cnt->roce_pkts++;
 
 	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)))

@@ -11,12 +11,14 @@
 /* Ports carry globally unique ifindexes below this (the plan numbers them from 100). */
 #define BP_MAX_IFINDEX 4096
 /* Most equal-cost next hops a route can have: 8 long-haul paths, with room to spare. */
-#define BP_MAX_NEXTHOPS 16
+#define BP_MAX_NEXTHOPS 64
 /* Priorities per port, as 802.1p has; slot BP_NUM_PRIO of the queue map is the port's total. */
 #define BP_NUM_PRIO 8
 #define BP_QUEUE_SLOTS (BP_NUM_PRIO + 1)
 /* Routes of all switches together (per switch: one per leaf subnet, host and p2p link). */
 #define BP_MAX_ROUTES 16384
+/* Flows an adaptive switch remembers the next hop of (LRU: the idlest are forgotten first). */
+#define BP_MAX_PINS 65536
 /* Tags the metadata XDP leaves for tc, so tc never trusts bytes another program left there. */
 #define BP_META_MAGIC 0x42504d31 /* "BPM1" */
 
@@ -37,6 +39,8 @@
 			    * in by one and out by another is a bounce, which Tagger re-tags */
 #define BP_PORT_DOWN 32    /* a fault: its fiber is cut or its switch failed; nothing leaves by it
 			    * and nothing it receives is taken in (what its queue held still drains) */
+#define BP_PORT_AVOID 64   /* out of its switch's ECMP groups (withdrawn, or an unhealthy path):
+			    * adaptive routing moves the flows pinned to it at once */
 
 /* IPv4 ECN codepoints (RFC 3168). */
 #define BP_ECN_MASK 3

@@ -33,6 +33,8 @@ BPF_PERCPU_ARRAY(bp_pfc, struct bp_pfc_counters, BP_MAX_IFINDEX * BP_NUM_PRIO);
 BPF_ARRAY(bp_wd, struct bp_wd, BP_MAX_IFINDEX * BP_NUM_PRIO);
 /* XOFF/XON crossings and received PFC frames, for the agent that sends PAUSE and gates queues. */
 BPF_RINGBUF_OUTPUT(bp_events, BP_EVENT_PAGES);
+/* (switch, flow hash) -> the next hop an adaptive switch keeps the flow on. */
+BPF_TABLE("lru_hash", struct bp_pin_key, struct bp_pin, bp_pins, BP_MAX_PINS);
 /* ifindex -> counters, per CPU so the hot path never contends. */
 BPF_PERCPU_ARRAY(bp_counters, struct bp_counters, BP_MAX_IFINDEX);
 

@@ -36,6 +36,8 @@ struct bp_config {
 	__u32 xon;       /* PFC: below this it sends the resume */
 	__u32 tagger_dscp; /* Tagger: DSCP a bouncing lossless packet is rewritten to (0: off) */
 	__u32 tagger_prio; /* ... and the lossless priority that DSCP maps to */
+	__u32 adaptive;    /* ecmp.adaptive on: flows keep their next hop while they keep sending */
+	__u32 flowlet_gap_ns; /* ... unless idle this long (a flowlet), which then picks anew */
 };
 
 /*
@@ -48,10 +50,23 @@ struct bp_route_key {
 	__u32 addr; /* network byte order */
 };
 
-/* The equal-cost next hops towards a prefix, as egress ifindexes. */
+/* The next hops towards a prefix, as egress ifindexes; a port may fill several slots (its weight,
+ * which adaptive routing sets), and the hash picks a slot. */
 struct bp_route {
 	__u32 count;
 	__u32 ifindex[BP_MAX_NEXTHOPS];
+};
+
+/* Adaptive routing: a flow (its hash, on one switch) and the next hop it keeps. */
+struct bp_pin_key {
+	__u32 node_id;
+	__u32 hash;
+};
+
+struct bp_pin {
+	__u32 ifindex;
+	__u32 pad;
+	__u64 last_ns; /* its last packet */
 };
 
 /* What XDP hands to tc ingress in front of the packet (bpf_xdp_adjust_meta). */
@@ -114,6 +129,7 @@ struct bp_counters {
 	__u64 kicks;            /* gate restarts received (BP_ETH_P_KICK): dropped */
 	__u64 tagged;           /* lossless packets that bounced here and moved to Tagger's priority */
 	__u64 drop_link_down;   /* sent or received while the port was down (a cut, a failed switch) */
+	__u64 ar_moved;         /* adaptive: packets whose flow left the next hop it was pinned to */
 };
 
 /*

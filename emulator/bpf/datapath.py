@@ -118,6 +118,13 @@ class Datapath:
         cfg.hash_mode = S.HASH_MODES[hash_mode]
         self.bpf["bp_config"][ct.c_int(0)] = cfg
 
+    def set_adaptive(self, on: bool, flowlet_gap_ns: int = 0) -> None:
+        """Adaptive routing: flows keep their next hop until idle for ``flowlet_gap_ns``
+        (emulated ns); off: every packet follows the hash over the route's slots."""
+        cfg = self.config()
+        cfg.adaptive, cfg.flowlet_gap_ns = int(on), min(0xFFFFFFFF, max(0, int(flowlet_gap_ns)))
+        self.bpf["bp_config"][ct.c_int(0)] = cfg
+
     def set_ecn(self, kmin: int, kmax: int, pmax: float) -> None:
         """WRED's thresholds (bytes of the port's queue) and marking probability at kmax; the
         hash mode that shares their map entry stays as it is."""

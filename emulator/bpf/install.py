@@ -63,6 +63,8 @@ def program(datapath: Datapath, plan: FabricPlan, loss_in_ebpf: bool = False) ->
     """Write the plan's ports, routes and settings into the maps; returns the routes written."""
     spec = plan.spec
     config(datapath, spec)
+    if spec.ecmp.adaptive != "off":
+        datapath.set_adaptive(True, round(spec.emulated_time(spec.flowlet_gap()) * 1e9))
     tagger = spec.pfc.tagger_priority if spec.pfc.enabled and spec.pfc.deadlock_avoidance == "tagger" else None
     datapath.set_dscp_prio(spec.pfc.priority, tagger)
     if spec.pfc.enabled:

@@ -12,7 +12,7 @@ from emulator.nic import wire
 
 ROCE_PORT = wire.ROCE_PORT  # bp_consts.h's BP_ROCE_PORT (tests/datapath checks it)
 MAX_IFINDEX = 4096
-MAX_NEXTHOPS = 16
+MAX_NEXTHOPS = 64
 NUM_PRIO = 8
 QUEUE_SLOTS = NUM_PRIO + 1
 MAX_ROUTES = 16384
@@ -28,6 +28,7 @@ PORT_PFC = 4
 PORT_PRIO_QUEUES = 8
 PORT_UP = 16
 PORT_DOWN = 32  # a fault: a cut fiber's border ports, a failed switch's ports
+PORT_AVOID = 64  # out of its switch's ECMP groups: adaptive moves the flows pinned to it
 TAG_PRIO_SHIFT = 12
 TAG_IFINDEX_MASK = 0xFFF
 
@@ -84,6 +85,8 @@ class Config(ct.Structure):
         ("xon", ct.c_uint32),
         ("tagger_dscp", ct.c_uint32),
         ("tagger_prio", ct.c_uint32),
+        ("adaptive", ct.c_uint32),
+        ("flowlet_gap_ns", ct.c_uint32),
     ]
 
 
@@ -130,7 +133,7 @@ class Counters(ct.Structure):
         "rx_pkts", "rx_bytes", "roce_pkts", "kernel_pkts", "no_route", "ttl_expired", "fragments",
         "drop_truncated", "drop_ip_version", "drop_ip_header", "drop_roce_header", "fwd_pkts",
         "fwd_bytes", "tx_pkts", "tx_bytes", "ecn_marks", "drop_buffer", "drop_no_port", "drop_loss",
-        "mac_control", "kicks", "tagged", "drop_link_down",
+        "mac_control", "kicks", "tagged", "drop_link_down", "ar_moved",
     )]
 
 

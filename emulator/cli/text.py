@@ -204,6 +204,8 @@ def format_stats(body: dict, prev: dict | None = None) -> list[str]:
     if "counters" not in (body["ports"][0] if body["ports"] else {}):
         lines.append("  (kernel datapath: no per-port eBPF counters; qdisc figures only)")
     lines += format_port_table(body["ports"], tm, before, interval)
+    if body.get("adaptive"):
+        lines += format_adaptive(body["adaptive"])
     fid = body["fidelity"]
     if fid["trustworthy"]:
         lines.append(f"fidelity: ok over the last {fid['interval_s']:.1f} s (softirq {fid['softirq_share']:.0%} of CPU)")
@@ -367,4 +369,17 @@ def format_state(body: dict) -> list[str]:
         lines.append(f"  queue {q['port']}: {units.format_size(q['depth_bytes'])}{paused}")
     if body["senders_rate_bps"] is not None:
         lines.append(f"  senders: {units.format_rate(body['senders_rate_bps'])}")
+    return lines
+
+
+def format_adaptive(a: dict) -> list[str]:
+    """Adaptive routing's state: each border port onto a long-haul path, its weight and health."""
+    clamped = " (clamped: the machine's floor)" if a["poll_clamped"] else ""
+    lines = [f"adaptive routing ({a['mode']}): {a['polls']} polls every {a['poll_wall_s'] * 1e3:g} ms of wall "
+             f"time{clamped}, {a['changes']} changes"]
+    for p in sorted(a["paths"], key=lambda p: (p["port"].split(":")[0], p["path"])):
+        state = "OUT" if p["out"] else "in"
+        lines.append(f"  wan{p['path']:<3} {p['port']:<20} {state:<4} weight {p['weight']:<5g} loss {p['loss']:.2%} "
+                     f"taken out {p['times_out']}x")
+    lines += [f"  ERROR: {e}" for e in a["errors"]]
     return lines

@@ -20,6 +20,7 @@ from emulator import errors
 from emulator.bpf import install
 from emulator.control import state
 from emulator.fabric.build import Fabric
+from emulator.faults.adaptive import AdaptiveAgent
 from emulator.faults.agent import FaultAgent, KINDS as FAULT_KINDS
 from emulator.model import plan as plan_mod, spec
 from emulator.model.scenario import DEFAULT_DETECTION_S
@@ -59,6 +60,10 @@ class Controller:
         self._switch_ports = None  # the ports "sample" reads, listed once
         self._marks: dict[int, object] = {}  # fidelity marks a run is judged against later
         self._fault_agent = None  # faults.agent.FaultAgent, from the first fault on
+        self._adaptive = None  # faults.adaptive.AdaptiveAgent, with ecmp.adaptive from the start
+        if self.plan.spec.ecmp.adaptive != "off" and fabric.datapath is not None:
+            self._adaptive = AdaptiveAgent(self._faults(), fabric.datapath, self.plan,
+                                           self._fiber_drops if fabric.wan_delay else None)
 
     def _guard(self) -> telemetry.FidelityGuard:
         if self.guard is None:
@@ -114,6 +119,8 @@ class Controller:
                 "hash": self.hash_mode if self.fabric.datapath is not None else "kernel five-tuple",
                 "scale": self.plan.spec.scale, "time_model": self.plan.spec.time.as_dict(),
                 "at": time.time(), "ports": ports, "fidelity": guard.check()}
+        if self._adaptive is not None:
+            body["adaptive"] = self._adaptive.summary()
         if self.fabric.datapath is not None:
             lt = self.fabric.datapath.load_times
             body["load_times"] = {"compile_s": lt.compile_s, **{f"load_{k}_s": v for k, v in lt.load_s.items()}}
@@ -192,6 +199,13 @@ class Controller:
                     "storms": [s.as_dict() for s in dp.pfc.storms]}
         raise errors.UsageError(f"pfcwd {cmd!r}: use start, stop, config or stats")
 
+    def _fiber_drops(self, border_port: str) -> int:
+        # What the fiber's delay line dropped of what this border port sent onto it (netem loss).
+        node, _, ifname = border_port.partition(":")
+        into = self.plan.peer(self.plan.port(node, ifname))
+        out = next(p for p in self.plan.ports(into.node) if p.ifname != into.ifname)
+        return queues.counters(self.fabric.nodes[out.node].ipr, out.ifindex)["drops"]
+
     def _faults(self):
         if self._fault_agent is None:
             self._fault_agent = FaultAgent(self._datapath(), self.plan, DEFAULT_DETECTION_S,
@@ -262,6 +276,8 @@ class Controller:
 
     def _down(self, request: dict) -> dict:
         started = time.monotonic()
+        if self._adaptive is not None:
+            self._adaptive.close()
         if self._fault_agent is not None:
             self._fault_agent.close()
         self.fabric.stop()

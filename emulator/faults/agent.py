@@ -73,6 +73,11 @@ class FaultAgent:
         self._since: dict[str, float] = {}  # port -> when it last went down
         self._noticed: dict[str, set[int]] = {}  # what the control plane has seen, detection later
         self._groups = routing.ecmp_groups(plan, set())
+        # Adaptive routing's view (emulator/faults/adaptive.py): ports' weights in their groups,
+        # and the ports it took out; the ports out of ECMP now carry BP_PORT_AVOID.
+        self._weights: dict[int, float] = {}
+        self._shunned: set[str] = set()
+        self._avoided: set[str] = set()
         self._ifindex = {f"{p.node}:{p.ifname}": p.ifindex for p in plan.ports()}
         self._timers: list[tuple[float, int, str, int]] = []
         self._seq = itertools.count()
@@ -262,12 +267,28 @@ class FaultAgent:
         self._schedule(now + self._wall(fault.options["detection_s"]), "notice-up", fault.id)
 
     def _converge(self) -> None:
-        """Write the ECMP groups the control plane's view of dead ports leaves."""
-        groups = routing.ecmp_groups(self.plan, {p for p, s in self._noticed.items() if s})
-        for (uid, dst), ifindexes in groups.items():
-            if ifindexes != self._groups.get((uid, dst)):
-                self.datapath.set_route(uid, dst, ifindexes)
+        """Write the ECMP groups the control plane's view of dead ports and adaptive routing's
+        weights leave, and mark the ports out of them (flows pinned there move at once)."""
+        out = {p for p, s in self._noticed.items() if s} | self._shunned
+        groups = routing.ecmp_groups(self.plan, out)
+        for key, ifindexes in groups.items():
+            groups[key] = routing.weighted_slots(ifindexes, self._weights, S.MAX_NEXTHOPS)
+            if groups[key] != self._groups.get(key):
+                self.datapath.set_route(key[0], key[1], groups[key])
         self._groups = groups
+        for port in out ^ self._avoided:
+            entry = self.datapath.port_entry(self._ifindex[port])
+            entry.flags = (entry.flags | S.PORT_AVOID) if port in out else (entry.flags & ~S.PORT_AVOID)
+            self.datapath.set_port(self._ifindex[port], entry)
+        self._avoided = out
+
+    def set_weights(self, weights: dict[str, float], shunned: set[str]) -> None:
+        """Adaptive routing's decision: each port's weight in its groups ("node:ifname" -> w,
+        1 when absent) and the ports it takes out of them."""
+        with self._lock:
+            self._weights = {self._ifindex[p]: w for p, w in weights.items()}
+            self._shunned = set(shunned)
+            self._converge()
 
     # --- timers (the agent's thread) ---
 

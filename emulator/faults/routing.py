@@ -68,3 +68,26 @@ def ecmp_groups(plan: FabricPlan, down: set[str]) -> dict[tuple[int, ipaddress.I
                     and f"{plan.next_hop(p).node}:{plan.next_hop(p).ifname}" not in down]
             out[(node.uid, route.dst)] = [p.ifindex for p in (live or every)]
     return out
+
+
+def weighted_slots(ifindexes: list[int], weights: dict[int, float], slots: int) -> list[int]:
+    """An ECMP group as ``slots`` table entries, each port filling a share of them by its
+    weight (largest remainder; a port of weight 0 gets none). All weights 1 (or none given):
+    the group as it is, one slot a port. All weights 0: the group as it is too (nothing else
+    reaches the destination)."""
+    w = [max(0.0, weights.get(i, 1.0)) for i in ifindexes]
+    if all(x == 1.0 for x in w) or not sum(w):
+        return list(ifindexes)
+    total = sum(w)
+    exact = [x * slots / total for x in w]
+    counts = [int(e) for e in exact]
+    for k in sorted(range(len(w)), key=lambda k: counts[k] - exact[k])[:slots - sum(counts)]:
+        counts[k] += 1
+    # Interleaved, so that a hash's neighbours spread over the ports.
+    out, left = [], list(counts)
+    while any(left):
+        for k, i in enumerate(ifindexes):
+            if left[k]:
+                out.append(i)
+                left[k] -= 1
+    return out

@@ -44,6 +44,9 @@ TRANSPORTS = rc_mod.MODES  # the soft-NIC's loss recovery
 WINDOWS = ("bdp", "none")
 DCQCN_PROFILES = dcqcn_mod.PROFILE_NAMES
 PFC_WATCHDOG_ACTIONS = ("drop", "forward", "alert")
+ADAPTIVE_MODES = ("off", "queue", "health")
+# A flowlet gap beyond the paths' skew: what queues can add to one path against another.
+FLOWLET_QUEUE_S = 50e-6
 DEADLOCK_AVOIDANCE = ("none", "tagger")
 # Priorities the QoS policy gives away: lossy 0 and the CNPs' 6 (emulator/bpf/datapath.py).
 RESERVED_PRIORITIES = (0, 6)
@@ -115,6 +118,12 @@ class Latency:
 class Ecmp:
     hash: str = "five-tuple"
     datapath: str = "ebpf"
+    # Adaptive routing on the borders' long-haul groups: off (static hash), queue (weights
+    # fall with a path's queue), health (a path that loses packets is left, then retried).
+    adaptive: str = "off"
+    flowlet_gap_s: float | None = None  # real; None: the paths' skew + FLOWLET_QUEUE_S
+    adaptive_interval_s: float = 100e-6  # real: how often the agent reads the paths
+    health_threshold: float = 1e-3  # health: the share of a path's packets lost that leaves it
 
 
 @dataclass(frozen=True)
@@ -201,6 +210,14 @@ class FabricSpec:
     @property
     def time(self) -> TimeModel:
         return TimeModel(self.scale, self.dilation, self.dilation_preset)
+
+    def flowlet_gap(self) -> float:
+        """Adaptive routing's flowlet gap (real s): given, or the long-haul paths' skew (the
+        longest one-way delay minus the shortest) plus what queues may add."""
+        if self.ecmp.flowlet_gap_s is not None:
+            return self.ecmp.flowlet_gap_s
+        delays = [p.delay_s for p in self.wan_paths] or [0.0]
+        return max(delays) - min(delays) + FLOWLET_QUEUE_S
 
     def emulated_rate(self, real_bps: int) -> int:
         return self.time.rate(real_bps)
@@ -629,9 +646,18 @@ def _wan(r: _Reader, top: dict, mtu: int) -> tuple[WanPath, ...]:
 
 
 def _ecmp(r: _Reader, top: dict) -> Ecmp:
-    m = r.mapping(top.get("ecmp"), "ecmp", ("hash", "datapath"))
-    return Ecmp(hash=r.get(m, "ecmp", "hash", _choice(HASH_MODES), "five-tuple"),
-                datapath=r.get(m, "ecmp", "datapath", _choice(DATAPATHS), "ebpf"))
+    m = r.mapping(top.get("ecmp"), "ecmp", ("hash", "datapath", "adaptive", "flowlet_gap", "adaptive_interval",
+                                            "health_threshold"))
+    out = Ecmp(hash=r.get(m, "ecmp", "hash", _choice(HASH_MODES), "five-tuple"),
+               datapath=r.get(m, "ecmp", "datapath", _choice(DATAPATHS), "ebpf"),
+               adaptive=r.get(m, "ecmp", "adaptive", _choice(ADAPTIVE_MODES), "off"),
+               flowlet_gap_s=r.get(m, "ecmp", "flowlet_gap", _non_negative(units.parse_duration, "flowlet_gap"), None),
+               adaptive_interval_s=r.get(m, "ecmp", "adaptive_interval",
+                                         _positive(units.parse_duration, "adaptive_interval"), 100e-6),
+               health_threshold=r.get(m, "ecmp", "health_threshold", _fraction, 1e-3))
+    if out.adaptive != "off" and out.datapath != "ebpf":
+        raise r.fail("ecmp.adaptive", "adaptive routing runs in the eBPF datapath (ecmp.datapath: ebpf)")
+    return out
 
 
 def _pfc(r: _Reader, top: dict) -> Pfc:

@@ -274,3 +274,38 @@ def test_a_down_port_sends_nothing_and_takes_nothing_in_but_its_queue_drains(pro
     finally:
         programmed.set_port(IN_PORT, S.Port(NODE_ID, S.PORT_SWITCH, 0, 32000, S.mac_bytes(MAC_IN),
                                             S.mac_bytes(MAC_PEER)))
+
+
+def test_adaptive_pins_a_flow_until_a_gap_or_its_port_is_avoided(programmed):
+    """ecmp.adaptive: a flow keeps its next hop when the weights change, picks anew after a gap
+    longer than the flowlet gap, and leaves at once a port taken out of ECMP (BP_PORT_AVOID)."""
+    import ipaddress
+
+    dp = programmed
+    dst = ipaddress.IPv4Network("198.18.1.0/24")
+    data = roce(qpn=0x4242)
+    try:
+        dp.set_adaptive(True, flowlet_gap_ns=10**10)  # 10 s: nothing here is a gap
+        first = meta_of(run_xdp(dp, data).data, data).ifindex
+        others = [nh for nh in NEXT_HOPS if nh != first]
+        dp.set_route(NODE_ID, dst, others * 8)  # new weights: its next hop has none
+        assert meta_of(run_xdp(dp, data).data, data).ifindex == first  # pinned: no reorder
+        reset_port(dp, IN_PORT)
+        entry = dp.port_entry(first)
+        dp.set_port(first, S.Port(entry.node_id, entry.flags | S.PORT_AVOID, entry.peer_queue, entry.buffer,
+                                  entry.smac, entry.dmac))
+        moved = meta_of(run_xdp(dp, data).data, data).ifindex
+        assert moved in others and dp.counters(IN_PORT)["ar_moved"] == 1
+        dp.set_port(first, entry)
+        assert meta_of(run_xdp(dp, data).data, data).ifindex == moved  # pinned to its new one
+        # A gap longer than the flowlet gap: the flow follows the table again.
+        dp.set_adaptive(True, flowlet_gap_ns=0)
+        dp.set_route(NODE_ID, dst, [first])
+        assert meta_of(run_xdp(dp, data).data, data).ifindex == first
+        # Off: every packet follows the hash over the slots, pins or not.
+        dp.set_adaptive(False)
+        dp.set_route(NODE_ID, dst, [moved])
+        assert meta_of(run_xdp(dp, data).data, data).ifindex == moved
+    finally:
+        dp.set_adaptive(False)
+        dp.set_route(NODE_ID, dst, NEXT_HOPS)

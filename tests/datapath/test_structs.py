@@ -45,6 +45,7 @@ def test_constants_match():
     assert consts["BP_PORT_PRIO_QUEUES"] == S.PORT_PRIO_QUEUES
     assert consts["BP_PORT_UP"] == S.PORT_UP
     assert consts["BP_PORT_DOWN"] == S.PORT_DOWN
+    assert consts["BP_PORT_AVOID"] == S.PORT_AVOID
     assert (consts["BP_TAG_PRIO_SHIFT"], consts["BP_TAG_IFINDEX_MASK"]) == (S.TAG_PRIO_SHIFT, S.TAG_IFINDEX_MASK)
     assert S.MAX_IFINDEX - 1 <= S.TAG_IFINDEX_MASK
     assert consts["BP_ETH_P_MAC_CONTROL"] == S.ETH_P_MAC_CONTROL

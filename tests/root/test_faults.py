@@ -18,11 +18,12 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from emulator.control import client
 from emulator.fabric import capabilities
 
-from .conftest import REPO, bp, bp_json
+from .conftest import REPO, TOPOLOGIES, bp, bp_json
 
 NO_DELAY = () if capabilities.has_netem() else ("--no-wan-delay",)
 SRC, DST, QPS, SIZE = "east-host0", "west-host0", 16, "192MB"
@@ -197,3 +198,45 @@ def test_a_flap_and_a_switch_failure_run_to_completion_and_leak_nothing(fabrics,
         assert "detection_s" not in ev and all(f["flaps_done"] == 5 for f in faults["faults"])
     else:
         assert DETECTION_S <= ev["detection_s"] <= DETECTION_S + LATE_S
+
+
+def test_adaptive_health_leaves_a_losing_path_and_the_flows_on_it_move(fabrics, tmp_path):
+    """ecmp.adaptive: health. Loss on wan3 (5% of its packets, from the start of the transfer):
+    the agent sees it in the borders' counters and takes wan3 out; the flows pinned to it move
+    (counted), nothing more is sent onto it while it is out, and the transfer completes intact."""
+    doc = yaml.safe_load((TOPOLOGIES / "cross-dc.yaml").read_text())
+    doc["ecmp"] = {**(doc.get("ecmp") or {}), "hash": "qpn", "adaptive": "health"}
+    topo = tmp_path / "adaptive.yaml"
+    topo.write_text(yaml.safe_dump(doc))
+    name = fabrics("tadapt", topo, *NO_DELAY)
+    bp("inject", "ber", "-n", name, f"wan{CUT}", "--loss", "0.05")
+    transfer = subprocess.Popen([sys.executable, "-m", "emulator.cli", "run", "transfer", "-n", name, SRC, DST,
+                                 "--size", SIZE, "--qps", str(QPS), "--json"], cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # until the agent has taken wan3 out (it polls the paths every 10 ms here)
+            state = bp_json("stats", "-n", name)["adaptive"]
+            out = [p for p in state["paths"] if p["out"]]
+            if out:
+                break
+            assert transfer.poll() is None and time.monotonic() < deadline, f"wan{CUT} never taken out: {state}"
+            time.sleep(0.01)
+        text = bp("stats", "-n", name).stdout
+        r_out, err = transfer.communicate(timeout=300)
+        assert transfer.returncode == 0, err
+    finally:
+        if transfer.poll() is None:
+            transfer.kill()
+            transfer.communicate()
+    r = json.loads(r_out)
+    moved = sum(p["counters"]["ar_moved"] for p in bp_json("stats", "-n", name)["ports"] if p.get("counters"))
+    final = {p["port"]: p for p in bp_json("stats", "-n", name)["adaptive"]["paths"]}
+    print(f"\n{text}\ntaken out: {[p['port'] for p in out]}; sent onto them while out: "
+          f"{[final[p['port']]['sent_while_out'] for p in out]}; {moved} packets moved; transfer intact "
+          f"{r['intact']}, {r['retransmits']} resent")
+    assert {p["path"] for p in out} == {CUT} and all(p["loss"] > 1e-3 for p in out)
+    # Its flows moved at once, and nothing was sent onto it while it was out.
+    assert moved > 0 and all(final[p["port"]]["sent_while_out"] == 0 for p in out)
+    assert "adaptive routing (health)" in text and "OUT" in text
+    assert r["intact"] and r["complete"]
