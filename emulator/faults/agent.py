@@ -78,6 +78,7 @@ class FaultAgent:
         self._weights: dict[int, float] = {}
         self._shunned: set[str] = set()
         self._avoided: set[str] = set()
+        self._lines: dict[str, DelayLine] = {}  # fibers' delay lines as faults have set them
         self._ifindex = {f"{p.node}:{p.ifname}": p.ifindex for p in plan.ports()}
         self._timers: list[tuple[float, int, str, int]] = []
         self._seq = itertools.count()
@@ -214,8 +215,10 @@ class FaultAgent:
                 if "ber" in options:
                     corruption = 1.0 - (1.0 - options["ber"]) ** frame_bits
             if line is not None:
-                queues.set_delay_line(self.ipr_of(port.node), port.ifindex,
-                                      dataclasses.replace(line, loss=loss, corruption=corruption), where)
+                # On what the line holds now: a latency step on it stays.
+                now = self._lines.get(where, line)
+                self._lines[where] = dataclasses.replace(now, loss=loss, corruption=corruption)
+                queues.set_delay_line(self.ipr_of(port.node), port.ifindex, self._lines[where], where)
             else:
                 # No delay line: the border's egress drops what the errors would (a corrupted
                 # frame fails the receiver's ICRC, which is loss to RoCE).
@@ -228,8 +231,9 @@ class FaultAgent:
         delay = line.delay_s + extra
         limit = max(MIN_NETEM_LIMIT, math.ceil(line.limit_packets * delay / line.delay_s)) if line.delay_s else \
             line.limit_packets
-        queues.set_delay_line(self.ipr_of(port.node), port.ifindex,
-                              dataclasses.replace(line, delay_s=delay, limit_packets=limit), where)
+        # On what the line holds now: bit errors set on it stay.
+        self._lines[where] = dataclasses.replace(self._lines.get(where, line), delay_s=delay, limit_packets=limit)
+        queues.set_delay_line(self.ipr_of(port.node), port.ifindex, self._lines[where], where)
 
     # --- the datapath (under the lock) ---
 
