@@ -15,13 +15,17 @@ from emulator.control import client
 from emulator.model import spec, units
 
 
-def _duration(value: str | None) -> float | None:
+def _parsed(parse, value: str | None, option: str | None):
     if value is None:
         return None
     try:
-        return units.parse_duration(value)
+        return parse(value)
     except ValueError as e:
-        raise click.BadParameter(str(e)) from None
+        raise click.BadParameter(str(e), param_hint=option) from None
+
+
+def _duration(value: str | None, option: str | None = None) -> float | None:
+    return _parsed(units.parse_duration, value, option)
 
 
 @main.group()
@@ -176,7 +180,7 @@ def fiber_cut(name: str, path: str, detection: str | None, as_json: bool) -> Non
 @core
 def link_flap(name: str, target: str, count: int, period: str, detection: str | None, as_json: bool) -> None:
     """Take TARGET (a long-haul path, or a switch port NODE:IFNAME and its far end) down and up."""
-    _apply(name, "link-flap", target, as_json, detection, count=count, period_s=_duration(period))
+    _apply(name, "link-flap", target, as_json, detection, count=count, period_s=_duration(period, "--period"))
 
 
 @inject.command(name="switch-failure")
@@ -214,15 +218,6 @@ def faults(name: str, as_json: bool) -> None:
         return
     for line in format_faults(r):
         click.echo(line)
-
-
-def _parsed(parse, value: str | None, option: str):
-    if value is None:
-        return None
-    try:
-        return parse(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint=option) from None
 
 
 @inject.command(name="rate")

@@ -62,7 +62,7 @@ class Controller:
         self._fault_agent = None  # faults.agent.FaultAgent, from the first fault on
         self._adaptive = None  # faults.adaptive.AdaptiveAgent, with ecmp.adaptive from the start
         if self.plan.spec.ecmp.adaptive != "off" and fabric.datapath is not None:
-            self._adaptive = AdaptiveAgent(self._faults(), fabric.datapath, self.plan,
+            self._adaptive = AdaptiveAgent(self._fault_agent_now(), fabric.datapath, self.plan,
                                            self._fiber_drops if fabric.wan_delay else None)
 
     def _guard(self) -> telemetry.FidelityGuard:
@@ -206,18 +206,18 @@ class Controller:
         out = next(p for p in self.plan.ports(into.node) if p.ifname != into.ifname)
         return queues.counters(self.fabric.nodes[out.node].ipr, out.ifindex)["drops"]
 
-    def _faults(self):
+    def _fault_agent_now(self):
         if self._fault_agent is None:
             self._fault_agent = FaultAgent(self._datapath(), self.plan, DEFAULT_DETECTION_S,
                                            ipr_of=lambda node: self.fabric.nodes[node].ipr,
                                            delay_lines=self.fabric.wan_delay)
         return self._fault_agent
 
-    def _fault(self, request: dict) -> dict:
+    def _faults(self, request: dict) -> dict:
         # The faults applied so far, each with its timeline.
         tm = self.plan.spec.time.as_dict()
         if request.get("prepare"):
-            self._faults()  # its tables computed now, so the first fault is not late by them
+            self._fault_agent_now()  # its tables computed now, so the first fault is not late by them
         if self._fault_agent is None:
             return {"ok": True, "faults": [], "errors": [], "down": [], "withdrawn": [], "now": time.monotonic(),
                     "time_model": tm}
@@ -233,7 +233,7 @@ class Controller:
                 raise errors.UsageError("detection: must be a time of 0 or more")
             options = {k: request[k] for k in ("count", "period_s", "rate_bps", "ber", "corruption", "loss", "extra_m")
                        if request.get(k) is not None}
-            return {"ok": True, "fault": self._faults().apply(kind, str(request.get("target")), options, detection),
+            return {"ok": True, "fault": self._fault_agent_now().apply(kind, str(request.get("target")), options, detection),
                     "now": time.monotonic()}
         dp = self._agent()
         if kind != "pfc-storm":
@@ -285,7 +285,7 @@ class Controller:
 
     HANDLERS = {"ping": _ping, "status": _status, "plan": _plan, "fidelity": _fidelity, "stats": _stats,
                 "queue": _queue, "pacing": _pacing, "sample": _sample, "pfc": _pfc, "pfcwd": _pfcwd,
-                "inject": _inject, "faults": _fault, "set_hash": _set_hash, "down": _down}
+                "inject": _inject, "faults": _faults, "set_hash": _set_hash, "down": _down}
 
     def serve(self, listener: socket.socket) -> None:
         while True:

@@ -240,13 +240,16 @@ class FaultAgent:
     def _wall(self, real_s: float) -> float:
         return self.plan.spec.time.time(real_s)
 
+    def _set_flag(self, port: str, flag: int, on: bool) -> None:
+        ifindex = self._ifindex[port]
+        entry = self.datapath.port_entry(ifindex)
+        entry.flags = (entry.flags | flag) if on else (entry.flags & ~flag)
+        self.datapath.set_port(ifindex, entry)
+
     def _set_down(self, port: str, down: bool) -> None:
         if down:
             self._since[port] = time.monotonic()
-        ifindex = self._ifindex[port]
-        entry = self.datapath.port_entry(ifindex)
-        entry.flags = (entry.flags | S.PORT_DOWN) if down else (entry.flags & ~S.PORT_DOWN)
-        self.datapath.set_port(ifindex, entry)
+        self._set_flag(port, S.PORT_DOWN, down)
 
     def _take_down(self, fault: Fault, first: bool = True) -> None:
         for port in fault.ports:
@@ -281,9 +284,7 @@ class FaultAgent:
                 self.datapath.set_route(key[0], key[1], groups[key])
         self._groups = groups
         for port in out ^ self._avoided:
-            entry = self.datapath.port_entry(self._ifindex[port])
-            entry.flags = (entry.flags | S.PORT_AVOID) if port in out else (entry.flags & ~S.PORT_AVOID)
-            self.datapath.set_port(self._ifindex[port], entry)
+            self._set_flag(port, S.PORT_AVOID, port in out)
         self._avoided = out
 
     def set_weights(self, weights: dict[str, float], shunned: set[str]) -> None:
