@@ -198,15 +198,21 @@ def serve(a: argparse.Namespace) -> int:
     done: dict[int, float] = {}
     start = time.monotonic()
 
+    def told() -> bool:
+        return bool(select.select([sys.stdin], [], [], 0)[0])
+
     def finished() -> bool:
         for qp in qps:
             for wc in qp.recv_cq.poll():
                 done[qp.qpn] = time.monotonic() - start
-        return len(done) == len(qps)
+        # Told to stop first: every sender has ended, and some QP of theirs failed (its retries
+        # spent), so what it was writing will never complete here; report what did.
+        return len(done) == len(qps) or told()
 
-    ok = _run(nic, rec, finished, a.timeout)
+    _run(nic, rec, finished, a.timeout)
+    ok = len(done) == len(qps)
     # Stay up until told: the sender may still need ACKs for its last packets.
-    while not select.select([sys.stdin], [], [], 0)[0]:
+    while not told():
         nic.step(0.01)
         rec.tick()
     _emit("result", TargetResult(ok, [hashlib.sha256(mr.buffer).hexdigest() for mr in regions], nic.stats(),
