@@ -4,15 +4,20 @@ scenarios/ber-spike.yaml (wan3's bit errors rise to 1e-6 during a cross-DC 16-QP
 topologies/cross-dc.yaml with `ecmp: {hash: qpn}`, once with `adaptive: off` and once with
 `adaptive: health`, alternating over --pairs; prints each run's goodput and completion time
 (the tail: the transfer ends with its slowest QP), retransmissions and timeouts, the ratios
-health / static, and the CPU steal seen during each run.
+health / static, and the CPU steal seen during each run. Then what adaptive routing costs per
+packet: XDP on a RoCEv2 packet a switch forwards (BPF_PROG_TEST_RUN), off against on with the
+flow's pin found and kept, and on with every packet a new flowlet (the pin written again).
 
     sudo .venv/bin/python bench/adaptive.py [--pairs 1] [--scenario scenarios/ber-spike.yaml]
+                                            [--repeat 200000] [--skip-scenario]
 """
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -23,8 +28,13 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from emulator.bpf import structs as S  # noqa: E402
+from emulator.bpf.datapath import XDP_PROG  # noqa: E402
+from emulator.bpf.syscall import prog_test_run  # noqa: E402
 from emulator.fabric import capabilities  # noqa: E402
 from emulator.telemetry.cpu import CpuWatch  # noqa: E402
+
+import probe  # noqa: E402  (bench/probe.py)
 
 NO_DELAY = () if capabilities.has_netem() else ("--no-wan-delay",)
 
@@ -55,11 +65,43 @@ def one(tmp: Path, scenario: Path, adaptive: str, k: int) -> dict:
             "steal": steal, "adaptive_state": stats.get("adaptive"), "time_model": body["time_model"]}
 
 
+def per_packet(pairs: int, repeat: int) -> dict:
+    """ns per XDP run on a RoCEv2 packet a switch forwards over an 8-way group: adaptive off, on
+    with the flow's pin kept (a flowlet gap never reached), on with a new flowlet every packet."""
+    variants = {"off": (False, 0), "pinned": (True, 0xFFFFFFFF), "new_flowlet": (True, 0)}
+    with probe.probe() as pr:
+        dp = pr.datapath
+        dp.set_hash("qpn")
+        dp.set_port(probe.SWITCH_PORT, S.Port(7, S.PORT_SWITCH, 0, 1 << 30, probe.MAC, probe.MAC))
+        dp.set_port(probe.FAR_PORT, S.Port(7, S.PORT_SWITCH, 0, 1 << 30, probe.MAC, probe.MAC))
+        dp.set_route(7, ipaddress.ip_network("198.18.1.0/24"), [probe.FAR_PORT] * 8)
+        xctx = struct.pack("=IIIIII", 0, len(pr.frame), 0, probe.SWITCH_PORT, 0, 0)
+        rows: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(pairs):
+            for tag, (on, gap) in variants.items():
+                dp.set_adaptive(on, gap)
+                before = dp.counters(probe.SWITCH_PORT)["roce_pkts"]
+                r = prog_test_run(dp.fds[XDP_PROG], pr.frame, ctx=xctx, repeat=repeat)
+                # Every run took the forwarding path, not the kernel's: the figure is the real one.
+                assert dp.counters(probe.SWITCH_PORT)["roce_pkts"] - before == repeat, tag
+                rows[tag].append(r.duration_ns)
+    return {k: statistics.median(v) for k, v in rows.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=1)
     ap.add_argument("--scenario", default=str(REPO / "scenarios" / "ber-spike.yaml"))
+    ap.add_argument("--repeat", type=int, default=200_000, help="XDP runs per timing")
+    ap.add_argument("--skip-scenario", action="store_true", help="only the per-packet cost")
     a = ap.parse_args()
+    cost = per_packet(max(a.pairs, 3), a.repeat)
+    print(f"XDP per packet (median of {max(a.pairs, 3)} rounds of {a.repeat} runs): adaptive off "
+          f"{cost['off']:.0f} ns; on, pin kept {cost['pinned']:.0f} ns (x{cost['pinned'] / cost['off']:.2f}); "
+          f"on, a new flowlet each packet {cost['new_flowlet']:.0f} ns (x{cost['new_flowlet'] / cost['off']:.2f})")
+    if a.skip_scenario:
+        print(json.dumps({"per_packet_ns": cost}))
+        return
     runs = {"off": [], "health": []}
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(a.pairs):
@@ -76,7 +118,7 @@ def main() -> None:
              "completion_time": med["health"]["seconds"] / med["off"]["seconds"]}
     print(f"health / static: goodput x{ratio['goodput']:.3f}, completion time x{ratio['completion_time']:.3f} "
           f"(median of {a.pairs} pair(s))")
-    print(json.dumps({"runs": runs, "ratio": ratio}))
+    print(json.dumps({"runs": runs, "ratio": ratio, "per_packet_ns": cost}))
 
 
 if __name__ == "__main__":

@@ -15,26 +15,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
-from pyroute2 import IPRoute
-from scapy.layers.inet import IP, UDP
-from scapy.layers.l2 import Ether
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from emulator.bpf import structs as S  # noqa: E402
-from emulator.bpf.datapath import TC_EGRESS_PROG, XDP_PROG, Datapath  # noqa: E402
+from emulator.bpf.datapath import TC_EGRESS_PROG, XDP_PROG  # noqa: E402
 from emulator.bpf.syscall import prog_test_run  # noqa: E402
 from emulator.control import client  # noqa: E402
-from emulator.fabric import netns  # noqa: E402
 from emulator.model import pfc as pfc_model, spec, units  # noqa: E402
+
+import probe  # noqa: E402  (bench/probe.py)
 
 NAME = "bpfc"
 TOPOLOGY = REPO / "topologies" / "pfc-incast.yaml"
@@ -63,45 +59,29 @@ def quantile(xs: list[float], q: float) -> float:
 
 def per_packet(pairs: int, repeat: int) -> dict:
     """ns per run of tc egress and XDP on a lossless packet, PFC off and on, in alternating pairs."""
-    ns = f"bp-probe-bench{os.getpid()}"
-    dp = Datapath()
-    netns.create(ns)
-    try:
-        with netns.entered(ns):
-            ipr = IPRoute()
-        # 201: the switch port; 202: the port at the far end of its wire (pyroute2 cannot number a
-        # veth's peer, so each is its own veth's named end).
-        ipr.link("add", ifname="sw0", kind="veth", index=201, peer={"ifname": "peer0"})
-        ipr.link("add", ifname="far0", kind="veth", index=202, peer={"ifname": "peer1"})
-        mac = S.mac_bytes("02:62:70:00:07:00")
-        frame = bytes(Ether() / IP(src="198.18.0.2", dst="198.18.1.2", tos=(26 << 2) | 2) /
-                      UDP(sport=49152, dport=S.ROCE_PORT, chksum=0) / bytes(12 + 1024 + 4))  # one page holds it
+    with probe.probe() as pr:
+        dp, frame, mac = pr.datapath, pr.frame, probe.MAC
         dp.set_dscp_prio(3)
 
         def setup(on: bool) -> None:
             flags = S.PORT_SWITCH | (S.PORT_PFC | S.PORT_PRIO_QUEUES if on else 0)
-            dp.set_port(201, S.Port(7, flags, 0, 1 << 30, mac, mac, 0, 0, 1 << 30 if on else 0))
+            dp.set_port(probe.SWITCH_PORT, S.Port(7, flags, 0, 1 << 30, mac, mac, 0, 0, 1 << 30 if on else 0))
             dp.set_port(301, S.Port(7, flags, 0, 1 << 30, mac, mac, 0, 0, 1 << 30 if on else 0))
-            dp.set_port(202, S.Port(8, S.PORT_PFC if on else 0, 201, 0, mac, mac))
+            dp.set_port(probe.FAR_PORT, S.Port(8, S.PORT_PFC if on else 0, probe.SWITCH_PORT, 0, mac, mac))
             dp.set_pfc((3,) if on else (), 1 << 30, 1 << 29)
 
         ctx = bytearray(192)
-        struct.pack_into("=II", ctx, 36, 301, 201)  # __sk_buff ingress_ifindex, ifindex
-        xctx = struct.pack("=IIIIII", 0, len(frame), 0, 202, 0, 0)
+        struct.pack_into("=II", ctx, 36, 301, probe.SWITCH_PORT)  # __sk_buff ingress_ifindex, ifindex
+        xctx = struct.pack("=IIIIII", 0, len(frame), 0, probe.FAR_PORT, 0, 0)
         rows: dict[str, list[float]] = {"egress_off": [], "egress_on": [], "xdp_off": [], "xdp_on": []}
-        with netns.entered(ns):
-            for _ in range(pairs):
-                for on in (False, True):
-                    setup(on)
-                    tag = "on" if on else "off"
-                    r = prog_test_run(dp.fds[TC_EGRESS_PROG], frame, ctx=bytes(ctx), repeat=repeat)
-                    rows[f"egress_{tag}"].append(r.duration_ns)
-                    r = prog_test_run(dp.fds[XDP_PROG], r.data, ctx=xctx, repeat=repeat)
-                    rows[f"xdp_{tag}"].append(r.duration_ns)
-        ipr.close()
-    finally:
-        netns.remove(ns)
-        dp.close()
+        for _ in range(pairs):
+            for on in (False, True):
+                setup(on)
+                tag = "on" if on else "off"
+                r = prog_test_run(dp.fds[TC_EGRESS_PROG], frame, ctx=bytes(ctx), repeat=repeat)
+                rows[f"egress_{tag}"].append(r.duration_ns)
+                r = prog_test_run(dp.fds[XDP_PROG], r.data, ctx=xctx, repeat=repeat)
+                rows[f"xdp_{tag}"].append(r.duration_ns)
     return {k: statistics.median(v) for k, v in rows.items()}
 
 

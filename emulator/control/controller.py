@@ -21,16 +21,19 @@ from emulator.bpf import install
 from emulator.control import state
 from emulator.fabric.build import Fabric
 from emulator.faults.adaptive import AdaptiveAgent
+from emulator.faults import routing
 from emulator.faults.agent import FaultAgent, KINDS as FAULT_KINDS
 from emulator.model import plan as plan_mod, spec
 from emulator.model.scenario import DEFAULT_DETECTION_S
 from emulator.fabric import queues
 from emulator.model.plan import SWITCH_ROLES
 from emulator.telemetry import describe, ports as telemetry
-from emulator.telemetry.records import PortReading, PortSample
+from emulator.telemetry.records import PathReading, PortReading, PortSample
 
 PROTOCOL = 1
 MAX_REQUEST = 1 << 16
+# Fibers' kernel counters a "sample" with paths reads (the others, in turn, are None).
+FIBERS_PER_SAMPLE = 4
 
 
 class _Stop(BaseException):
@@ -58,6 +61,9 @@ class Controller:
         self.guard = None  # telemetry.FidelityGuard, from the first stats request on
         self.hash_mode = self.plan.spec.ecmp.hash  # set_hash changes it while the fabric runs
         self._switch_ports = None  # the ports "sample" reads, listed once
+        self._wan_ports = None  # (border port, path, the fiber's port beyond it), listed once
+        self._full_groups: dict = {}  # the ECMP groups with nothing down
+        self._fiber_next = 0  # the wan port whose fiber "sample" reads next
         self._marks: dict[int, object] = {}  # fidelity marks a run is judged against later
         self._fault_agent = None  # faults.agent.FaultAgent, from the first fault on
         self._adaptive = None  # faults.adaptive.AdaptiveAgent, with ecmp.adaptive from the start
@@ -161,7 +167,33 @@ class Controller:
                        "lossless_drops": sum(r["drop_headroom"] + r["wd_tx_drop"] + r["wd_rx_drop"] for r in counts)}
             rows.append(PortReading(f"{p.node}:{p.ifname}", q["depth"], q["deq_bytes"], c["ecn_marks"],
                                     c["drop_buffer"], down_drops=c["drop_link_down"], **pfc))
-        return {"ok": True, **PortSample(time.monotonic(), rows).as_dict()}
+        paths = self._path_readings() if request.get("paths") else []  # the fibers' counters cost netlink calls
+        return {"ok": True, **PortSample(time.monotonic(), rows, paths).as_dict()}
+
+    def _path_readings(self) -> list[PathReading]:
+        # Each border port onto a long-haul path: its ECMP share now, and the fiber's count (a
+        # few fibers a sample, in turn: all 16 netlink reads at once would triple its cost).
+        if self._wan_ports is None:
+            full = routing.ecmp_groups(self.plan, set())
+            self._wan_ports = []
+            for link in self.plan.links:
+                if link.kind != "wan":
+                    continue
+                for end in (link.a, link.b):
+                    if self.plan.node(end.node).role in SWITCH_ROLES:
+                        into = self.plan.peer(end)
+                        out = next(p for p in self.plan.ports(into.node) if p.ifname != into.ifname)
+                        keys = routing.serving(full, end.ifindex, self.plan.node(end.node).uid)
+                        self._wan_ports.append((end, link.path, out, keys))
+            self._full_groups = full
+        now = self._fault_agent.groups() if self._fault_agent is not None else self._full_groups
+        n = len(self._wan_ports)
+        read = {(self._fiber_next + k) % n for k in range(min(n, FIBERS_PER_SAMPLE))}
+        self._fiber_next = (self._fiber_next + FIBERS_PER_SAMPLE) % max(1, n)
+        return [PathReading(f"{b.node}:{b.ifname}", path, routing.share(now, b.ifindex, keys),
+                            telemetry.link_packets(self.fabric.nodes[out.node].ipr, out.ifindex)["tx_packets"]
+                            if i in read else None)
+                for i, (b, path, out, keys) in enumerate(self._wan_ports)]
 
     def _agent(self):
         dp = self._datapath()

@@ -107,7 +107,7 @@ def run(name: str, scn: scenario_mod.Scenario, out_dir: str | Path, timeout: flo
     timeline_thread.start()
     result = transfer.run(plan, list(w.srcs), w.dst, w.size, qps, fspec.nic.transport, timeout=timeout,
                           cc=transfer.choose_profile(fspec, None), seed=scn.seed, sample_s=SAMPLE_WALL_S,
-                          sampler=lambda: client.request(name, {"op": "sample"}), on_start=timeline_thread.begin)
+                          sampler=lambda: client.request(name, {"op": "sample", "paths": True}), on_start=timeline_thread.begin)
     last = scn.events[-1].at_s * fspec.time.dilation if scn.events else 0.0
     timeline_thread.join(timeout=max(0.0, timeline_thread.t0 + last - time.monotonic()) + 30)
     faults = _settle(name, fspec.time.time(scn.detection_s) + SETTLE_SLACK_S)

@@ -41,7 +41,9 @@ class Fault:
     id: int
     kind: str
     target: str
-    ports: list[str]  # "node:ifname" it takes down
+    ports: list[str]  # "node:ifname" it takes down, the control plane's to notice
+    # A cut fiber's own ports, down with it: what it held or was queued for it is lost there.
+    medium: list[str] = field(default_factory=list)
     options: dict = field(default_factory=dict)
     asked_at: float = 0.0
     took_effect_at: float | None = None  # ports down in the datapath
@@ -73,6 +75,7 @@ class FaultAgent:
         self._since: dict[str, float] = {}  # port -> when it last went down
         self._noticed: dict[str, set[int]] = {}  # what the control plane has seen, detection later
         self._groups = routing.ecmp_groups(plan, set())
+        self.full_groups = dict(self._groups)  # nothing down: whom each port serves
         # Adaptive routing's view (emulator/faults/adaptive.py): ports' weights in their groups,
         # and the ports it took out; the ports out of ECMP now carry BP_PORT_AVOID.
         self._weights: dict[int, float] = {}
@@ -105,7 +108,8 @@ class FaultAgent:
                 raise UsageError("link-flap: give --count >= 1 and a --period above 0")
         detection = self.detection_real_s if detection_real_s is None else detection_real_s
         with self._lock:
-            fault = Fault(next(self._ids), kind, target, ports, {**options, "detection_s": detection},
+            medium = [f"{p.node}:{p.ifname}" for p in routing.medium_ports(self.plan, kind, target)]
+            fault = Fault(next(self._ids), kind, target, ports, medium, {**options, "detection_s": detection},
                           asked_at=time.monotonic())
             self.faults.append(fault)
             self._take_down(fault)
@@ -134,6 +138,11 @@ class FaultAgent:
         with self._lock:
             return {"faults": [f.as_dict() for f in self.faults], "errors": list(self.errors), "down": sorted(p for p, s in self._down.items() if s),
                     "withdrawn": sorted(p for p, s in self._noticed.items() if s), "now": time.monotonic()}
+
+    def groups(self) -> dict:
+        """The ECMP groups as written now ((node uid, destination) -> slots' ifindexes)."""
+        with self._lock:
+            return dict(self._groups)
 
     def close(self) -> None:
         with self._lock:
@@ -252,7 +261,7 @@ class FaultAgent:
         self._set_flag(port, S.PORT_DOWN, down)
 
     def _take_down(self, fault: Fault, first: bool = True) -> None:
-        for port in fault.ports:
+        for port in fault.ports + fault.medium:
             was = bool(self._down.get(port))
             self._down.setdefault(port, set()).add(fault.id)
             if not was:
@@ -263,7 +272,7 @@ class FaultAgent:
         self._schedule(now + self._wall(fault.options["detection_s"]), "notice-down", fault.id)
 
     def _bring_up(self, fault: Fault, final: bool) -> None:
-        for port in fault.ports:
+        for port in fault.ports + fault.medium:
             held = self._down.get(port, set())
             held.discard(fault.id)
             if not held:

@@ -52,6 +52,19 @@ def dead_ports(plan: FabricPlan, kind: str, target: str) -> list[Port]:
     raise UsageError(f"{kind} does not take ports down")
 
 
+def medium_ports(plan: FabricPlan, kind: str, target: str) -> list[Port]:
+    """The long-haul fiber's own ports a fault on a path (or on a port onto one) takes down with
+    the borders': what was in flight on a cut fiber, or still queued for it, is lost there.
+    None for a switch failure (its links are whole) or a flap between switches."""
+    if kind not in ("fiber-cut", "link-flap"):
+        return []
+    if ":" not in target:
+        return list(plan.ports(target))
+    node, _, ifname = target.partition(":")
+    peer = plan.peer(plan.port(node, ifname))
+    return list(plan.ports(peer.node)) if plan.node(peer.node).role == "fiber" else []
+
+
 def ecmp_groups(plan: FabricPlan, down: set[str]) -> dict[tuple[int, ipaddress.IPv4Network], list[int]]:
     """Every switch's ECMP group (node uid, destination) -> the ifindexes it uses, without the
     next hops that lead through a port in ``down`` ("node:ifname"): its own port is dead, or
@@ -91,3 +104,17 @@ def weighted_slots(ifindexes: list[int], weights: dict[int, float], slots: int) 
                 out.append(i)
                 left[k] -= 1
     return out
+
+
+def serving(full: dict, ifindex: int, node_uid: int) -> list:
+    """The groups of ``node_uid`` that hold ``ifindex`` with nothing down (``full``): the
+    destinations it serves, whose share of them ``share`` reads."""
+    return [key for key, group in full.items() if key[0] == node_uid and ifindex in group]
+
+
+def share(now: dict, ifindex: int, keys: list) -> float:
+    """The share of the traffic to the destinations of ``keys`` that the ECMP groups give
+    ``ifindex`` now: the mean over those groups of its slots over the group's (0 once withdrawn)."""
+    if not keys:
+        return 0.0
+    return sum(now[k].count(ifindex) / len(now[k]) for k in keys if now.get(k)) / len(keys)

@@ -48,7 +48,7 @@ def _link_drops(ipr, index: int) -> dict[str, int]:
     return {"rx_dropped": s.get("rx_dropped", 0), "tx_dropped": s.get("tx_dropped", 0)}
 
 
-def _link_packets(ipr, index: int) -> dict[str, int]:
+def link_packets(ipr, index: int) -> dict[str, int]:
     """The kernel's own count of what crossed the interface (independent of the datapath's)."""
     s = ipr.get_links(index)[0].get_attr("IFLA_STATS64") or {}
     return {k: s.get(k, 0) for k in ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes")}
@@ -73,7 +73,7 @@ def port_stats(f: "Fabric", port: Port) -> dict:
     out["link"] = _link_drops(node.ipr, port.ifindex)
     if role == "fiber":
         out["fiber_path"] = plan.node(port.node).index
-        out["kernel"] = _link_packets(node.ipr, port.ifindex)
+        out["kernel"] = link_packets(node.ipr, port.ifindex)
     dp = f.datapath
     if dp is not None:
         out["counters"] = dp.counters(port.ifindex)

@@ -2,7 +2,7 @@
 answers a "sample" with, read by the report and the model check in the CLI's process."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -28,15 +28,32 @@ class PortReading:
 
 
 @dataclass(frozen=True)
+class PathReading:
+    """A border's port onto a long-haul path at a sample: its share of the ECMP groups it serves
+    now (weights and withdrawals applied), and the fiber's own kernel count of the packets it
+    carried on from that border (independent of the datapath's counters)."""
+
+    port: str  # the border's "node:ifname"
+    path: int
+    share: float
+    fiber_packets: int | None  # tx packets of the fiber's port towards the far border (None: not read)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class PortSample:
-    """Every switch port at one moment (``t``: CLOCK_MONOTONIC, one clock for every namespace)."""
+    """Every switch port at one moment (``t``: CLOCK_MONOTONIC, one clock for every namespace),
+    and the long-haul paths seen from the borders."""
 
     t: float
     ports: list[PortReading]
+    paths: list[PathReading] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {"t": self.t, "ports": [p.as_dict() for p in self.ports]}
+        return {"t": self.t, "ports": [p.as_dict() for p in self.ports], "paths": [p.as_dict() for p in self.paths]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "PortSample":
-        return cls(d["t"], [PortReading(**p) for p in d["ports"]])
+        return cls(d["t"], [PortReading(**p) for p in d["ports"]], [PathReading(**p) for p in d.get("paths", [])])

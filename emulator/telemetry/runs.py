@@ -17,7 +17,8 @@ from emulator.telemetry import timeline
 COLUMNS = {
     "ports": ("t_s", "t_real_s", "port", "depth", "deq_bytes", "ecn_marks", "drops", "paused", "pauses_sent",
               "lossless_drops", "down_drops"),
-    "paths": ("t_s", "t_real_s", "path", "port", "deq_bytes", "depth", "drops", "down_drops"),
+    "paths": ("t_s", "t_real_s", "path", "port", "deq_bytes", "depth", "drops", "down_drops", "share",
+              "fiber_packets"),
     "nics": ("t_s", "t_real_s", "host", "qpn", "rate_bps", "tx_bytes", "retransmits", "cnps_received", "cnps_sent",
              "ce_received"),
     "events": ("id", "kind", "target", "at_s", "applied_s", "took_effect_s", "noticed_s", "converged_s", "restored_s",
@@ -40,11 +41,14 @@ def tables(tm: TimeModel, t0: float, readings: list[dict], senders: dict, path_o
     ports, paths = [], []
     for r in readings:
         at = when(r["t"] - t0)
+        seen = {q["port"]: q for q in r.get("paths", [])}  # shares and the fibers' counts, when sampled
         for p in r["ports"]:
             ports.append({**at, **{k: p.get(k, 0) for k in COLUMNS["ports"][2:]}})
             if p["port"] in path_of:
+                q = seen.get(p["port"], {})
                 paths.append({**at, "path": path_of[p["port"]], "port": p["port"], "deq_bytes": p["deq_bytes"],
-                              "depth": p["depth"], "drops": p["drops"], "down_drops": p.get("down_drops", 0)})
+                              "depth": p["depth"], "drops": p["drops"], "down_drops": p.get("down_drops", 0),
+                              "share": q.get("share"), "fiber_packets": q.get("fiber_packets")})
     nics = []
     for host, s in senders.items():
         for qpn, q in s["qps"].items():
@@ -119,10 +123,27 @@ def figures(manifest: dict, rows: dict) -> dict:
                 lost = [r for r in _grew(rows, path, "down_drops") if e["took_effect_s"] < r["t_s"] <= end]
                 f["loss_window_s"] = real(max(r["t_s"] for r in lost) - e["took_effect_s"]) if lost else 0.0
                 f["lost_packets"] = sum(r["by"] for r in lost)
+                # From convergence: what the fiber held when cut (its delay line) has left it by then.
+                f["fiber_packets_while_withdrawn"] = _fiber_packets(rows, path, e["converged_s"], end)
         if e["converged_s"] is not None and e["restored_s"] is not None and e["reconverged_s"] is not None:
             f["back_in_ecmp_after_s"] = real(e["reconverged_s"] - e["restored_s"])
         out.append(f)
     return {"events": out, "result": manifest.get("result", {})}
+
+
+def _fiber_packets(rows: dict, path: int, start: float, end: float) -> int | None:
+    """What the fiber of ``path`` carried on (its own kernel counters, both directions) between
+    the first sample after ``start`` that read them and the last one before ``end``; None
+    unless the window holds two readings of each direction (a run recorded without them)."""
+    counts: dict[str, list[int]] = {}
+    for r in sorted((r for r in rows["paths"] if r["path"] == path and start < r["t_s"] < end),
+                    key=lambda r: r["t_s"]):
+        counts.setdefault(r["port"], [])
+        if r.get("fiber_packets") is not None:
+            counts[r["port"]].append(r["fiber_packets"])
+    if not counts or any(len(c) < 2 for c in counts.values()):
+        return None
+    return sum(c[-1] - c[0] for c in counts.values())
 
 
 def _path_index(target: str) -> int | None:
@@ -163,14 +184,20 @@ def state_at(manifest: dict, rows: dict, t_real_s: float) -> dict:
     for r in rows["paths"]:
         if r["t_s"] != now:
             continue
-        p = paths.setdefault(r["path"], {"path": r["path"], "up": True, "in_ecmp": True, "rate_bps": 0.0})
+        p = paths.setdefault(r["path"], {"path": r["path"], "up": True, "in_ecmp": True, "rate_bps": 0.0,
+                                         "shares": []})
         p["up"] &= r["port"] not in down_ports
-        p["in_ecmp"] &= r["port"] not in withdrawn
+        p["in_ecmp"] &= r["port"] not in withdrawn and r.get("share") != 0
+        if r.get("share") is not None:
+            p["shares"].append(r["share"])
         if r["port"] in prev and now > before:
             p["rate_bps"] += tm.real_rate((r["deq_bytes"] - prev[r["port"]]["deq_bytes"]) * 8 / (now - before))
     members = sum(1 for p in paths.values() if p["in_ecmp"]) or 1
     for p in paths.values():
-        p["ecmp_share"] = 1 / members if p["in_ecmp"] else 0.0
+        # Recorded: the borders' shares as their groups held them (weights applied), averaged
+        # over the path's two ends. A run stored without them: equal shares of what is in ECMP.
+        shares = p.pop("shares")
+        p["ecmp_share"] = sum(shares) / len(shares) if shares else (1 / members if p["in_ecmp"] else 0.0)
     queues = [{"port": name, "depth_bytes": tm.real_size(r["depth"]),
                "paused_priorities": [q for q in range(8) if r["paused"] >> q & 1]}
               for name, r in sorted(ports.items()) if r["depth"] or r["paused"]]

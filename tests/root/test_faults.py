@@ -36,13 +36,13 @@ WATCH_S, LATE_S = 0.5, 0.1
 
 def paths(name: str) -> tuple[dict[int, int], dict[int, int]]:
     """Per long-haul path: packets the two borders forwarded onto it (eBPF), and packets its
-    fiber's two ports received (the kernel's own interface counters)."""
+    fiber's two ports sent on (the kernel's own interface counters)."""
     border, fiber = {}, {}
     for p in bp_json("stats", "-n", name)["ports"]:
         if "wan_path" in p:
             border[p["wan_path"]] = border.get(p["wan_path"], 0) + p["counters"]["fwd_pkts"]
         if "fiber_path" in p:
-            fiber[p["fiber_path"]] = fiber.get(p["fiber_path"], 0) + p["kernel"]["rx_packets"]
+            fiber[p["fiber_path"]] = fiber.get(p["fiber_path"], 0) + p["kernel"]["tx_packets"]
     return border, fiber
 
 
@@ -58,16 +58,26 @@ def wait_for(name: str, fid: int, key: str, budget_s: float) -> dict:
     return f
 
 
+def transfer_onto_cut_path(name: str, size: str) -> subprocess.Popen:
+    """A cross-DC transfer, started in the background; returns once data reached path CUT, so
+    the fault lands on a path that carries it."""
+    transfer = subprocess.Popen([sys.executable, "-m", "emulator.cli", "run", "transfer", "-n", name, SRC, DST,
+                                 "--size", size, "--qps", str(QPS), "--json"], cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while paths(name)[0].get(CUT, 0) == 0:
+        if transfer.poll() is not None or time.monotonic() > deadline:
+            transfer.kill()
+            transfer.communicate()
+            raise AssertionError("no data reached the path")
+        time.sleep(0.05)
+    return transfer
+
+
 def test_a_fiber_cut_is_withdrawn_after_detection_and_the_transfer_heals(fabrics):
     name = fabrics("tcut", "cross-dc", *NO_DELAY)
-    transfer = subprocess.Popen([sys.executable, "-m", "emulator.cli", "run", "transfer", "-n", name, SRC, DST,
-                                 "--size", SIZE, "--qps", str(QPS), "--json"], cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    transfer = transfer_onto_cut_path(name, SIZE)
     try:
-        deadline = time.monotonic() + 120
-        while paths(name)[0].get(CUT, 0) == 0:  # the cut lands on a path that carries the transfer
-            assert transfer.poll() is None and time.monotonic() < deadline, "no data reached the path"
-            time.sleep(0.05)
         cut = bp_json("inject", "fiber-cut", "-n", name, f"wan{CUT}")["fault"]
         f = wait_for(name, cut["id"], "converged_at", 10)
         converged = f["converged_at"] - f["took_effect_at"]
@@ -124,14 +134,17 @@ def test_rate_and_bit_errors_on_a_path_and_their_restore(fabrics):
     print(f"\nwan1 egress: {base} -> {slow} -> {back} b/s (emulated)")
     assert base == [400_000_000] * 2 and slow == [100_000_000] * 2 and back == base
 
-    # Half the packets lost on wan2 (the borders' eBPF without delay lines; netem with them).
-    bp("inject", "ber", "-n", name, "wan2", "--loss", "0.5")
+    # A fifth of the packets lost on wan2 both ways (the borders' eBPF without delay lines; netem
+    # with them). RC gives a QP up after 7 timeouts in a row (IB's retry_cnt): at half, data or
+    # ACK lost 3 times in 4, a tail resent 8 times in vain is a few percent of runs and the QP's
+    # retry_exceeded is the right answer; at a fifth it is 1 in 3,000 per timeout.
+    bp("inject", "ber", "-n", name, "wan2", "--loss", "0.2")
     r = bp_json("run", "transfer", "-n", name, SRC, DST, "--size", "16MB", "--qps", str(QPS))
     lost = sum(p["counters"]["drop_loss"] for p in border_ports(name, 2))
     bp("inject", "restore", "-n", name, "wan2")
     r2 = bp_json("run", "transfer", "-n", name, SRC, DST, "--size", "16MB", "--qps", str(QPS))
     lost2 = sum(p["counters"]["drop_loss"] for p in border_ports(name, 2))
-    print(f"loss 0.5 on wan2: {lost} dropped there, {r['retransmits']} resent; restored: {lost2 - lost} dropped, "
+    print(f"loss 0.2 on wan2: {lost} dropped there, {r['retransmits']} resent; restored: {lost2 - lost} dropped, "
           f"{r2['retransmits']} resent")
     assert r["intact"] and r["complete"] and r2["intact"] and r2["complete"]
     if not capabilities.has_netem():
@@ -147,6 +160,28 @@ def test_rate_and_bit_errors_on_a_path_and_their_restore(fabrics):
         assert refused.returncode != 0 and "no delay lines" in refused.stderr and "VM tier" in refused.stderr
     faults = client.request(name, {"op": "faults"})["faults"]
     assert [f["kind"] for f in faults] == ["rate", "ber"] and all(f["restored_at"] for f in faults)
+
+
+def test_a_path_that_loses_nearly_everything_fails_its_qps_and_the_transfer_says_so(fabrics):
+    """Loss past what RC's retries survive, from the middle of a transfer: the QPs hashed onto
+    the path fail with retry_exceeded once their timeouts run out, the others complete, and the
+    transfer ends at once saying which failed (the target reports what arrived; it does not
+    wait on QPs whose sender gave up)."""
+    name = fabrics("tdead", "cross-dc", *NO_DELAY)
+    transfer = transfer_onto_cut_path(name, "64MB")
+    try:
+        bp("inject", "ber", "-n", name, f"wan{CUT}", "--loss", "0.95")
+        out, err = transfer.communicate(timeout=120)
+    finally:
+        if transfer.poll() is None:
+            transfer.kill()
+            transfer.communicate()
+    assert transfer.returncode != 0 and "did not complete intact" in err, err
+    r = json.loads(out)
+    errors = [q["error"] for q in r["sender"]["qps"]]
+    print(f"\nloss 0.95 on wan{CUT}: QP errors {errors}; {r['timeouts']} timeouts")
+    assert not r["intact"] and "retry_exceeded" in errors and None in errors
+    assert r["sender"]["failed"][0]["status"] == "retry_exceeded"
 
 
 def test_a_scenario_run_is_recorded_and_replayed(fabrics, tmp_path):
@@ -173,6 +208,9 @@ def test_a_scenario_run_is_recorded_and_replayed(fabrics, tmp_path):
     during = sorted((r["t_s"], r["deq_bytes"]) for r in paths if r["path"] == CUT
                     and ev["converged_s"] <= r["t_s"] <= ev["restored_s"] and r["port"].startswith("east"))
     assert len(during) > 2 and during[0][1] == during[-1][1]
+    # ... and the fiber's own kernel counters, recorded with the samples, confirm it.
+    assert cut["fiber_packets_while_withdrawn"] == 0
+    assert all(r["share"] is not None for r in paths) and any(r["fiber_packets"] is not None for r in paths)
     state = bp_json("report", str(out), "--at", "300ms")  # converged at 190-250 ms, restored at 400 ms
     wan = {p["path"]: p for p in state["paths"]}
     assert not wan[CUT]["up"] and not wan[CUT]["in_ecmp"] and wan[CUT]["ecmp_share"] == 0

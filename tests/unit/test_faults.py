@@ -69,6 +69,30 @@ def test_a_flap_takes_down_the_switch_ends_of_the_link(plan):
     assert names(routing.dead_ports(plan, "link-flap", f"east-leaf0:{down.ifname}")) == [f"east-leaf0:{down.ifname}"]
 
 
+def test_a_cut_takes_the_fiber_down_with_the_borders_and_a_switch_failure_no_fiber(plan):
+    assert names(routing.medium_ports(plan, "fiber-cut", "wan3")) == names(plan.ports("wan3"))
+    border = routing.dead_ports(plan, "fiber-cut", "wan3")[0]
+    assert names(routing.medium_ports(plan, "link-flap", f"{border.node}:{border.ifname}")) == \
+        names(plan.ports("wan3"))
+    up = next(p for p in plan.ports("east-leaf0") if plan.next_hop(p).node.startswith("east-spine"))
+    assert routing.medium_ports(plan, "link-flap", f"east-leaf0:{up.ifname}") == []
+    assert routing.medium_ports(plan, "switch-failure", "east-spine1") == []
+
+
+def test_a_ports_share_follows_its_groups(plan):
+    every = routing.ecmp_groups(plan, set())
+    wan = routing.dead_ports(plan, "fiber-cut", "wan3")
+    b = next(p for p in wan if p.node == "east-border0")
+    keys = routing.serving(every, b.ifindex, plan.node("east-border0").uid)
+    assert keys and routing.share(every, b.ifindex, keys) == pytest.approx(1 / 8)
+    cut = routing.ecmp_groups(plan, set(names(wan)))
+    assert routing.share(cut, b.ifindex, keys) == 0.0
+    other = cut[keys[0]][0]
+    assert routing.share(cut, other, keys) == pytest.approx(1 / 7)
+    weighted = {k: routing.weighted_slots(v, {b.ifindex: 3.0}, 64) for k, v in every.items()}
+    assert routing.share(weighted, b.ifindex, keys) == pytest.approx(3 / 10, abs=1 / 64)
+
+
 def test_the_faults_text_gives_each_timeline_in_real_time():
     tm = TimeModel.of(1e-3, 1000).as_dict()
     body = {"time_model": tm, "down": [], "withdrawn": [], "errors": [], "faults": [

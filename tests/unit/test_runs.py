@@ -14,8 +14,11 @@ T0 = 1000.0
 PERIOD = 0.05
 
 
-def _run():
+def _run(paths: bool = False):
+    """With ``paths``, the samples carry the borders' recorded ECMP shares (adaptive routing
+    weighting wan0 3:1 from 0.1 s to the cut) and the fibers' own packet counts."""
     readings = []
+    fiber = dict.fromkeys(("east-border0:eth2", "east-border0:eth3"), 0)
     moved = {"east-border0:eth2": 0, "east-border0:eth3": 0}
     dropped = dict.fromkeys(moved, 0)
     for k in range(21):
@@ -29,6 +32,15 @@ def _run():
                   "drops": 0, "paused": 8 if (p.endswith("eth2") and k == 10) else 0, "down_drops": dropped[p]}
                  for p, n in moved.items()]
         readings.append({"t": T0 + t, "ports": ports})
+        if paths:
+            weighted = 0.1 <= t < 0.3
+            share = {"east-border0:eth2": 1.0 if 0.45 <= t < 0.85 else 0.75 if weighted else 0.5,
+                     "east-border0:eth3": 0.0 if 0.45 <= t < 0.85 else 0.25 if weighted else 0.5}
+            for port in fiber:
+                fiber[port] += 0 if k == 0 or (port.endswith("eth3") and 0.35 <= t < 0.75) else 40
+            # The controller reads the fibers every other sample here (None between).
+            readings[-1]["paths"] = [{"port": port, "path": int(port.endswith("eth3")), "share": share[port],
+                                      "fiber_packets": None if k % 2 else fiber[port]} for port in fiber]
     senders = {"east-host0": {"t": [k * PERIOD for k in range(21)], "qps": {"256": {
         "rate_bps": [1e8] * 21, "tx_bytes": [k * 12_500 for k in range(21)],
         "retransmits": [0] * 7 + [5] * 14, "cnps_received": [0] * 21}}}}
@@ -108,6 +120,23 @@ def test_the_plot(tmp_path):
     manifest, rows = _run()
     out = runs.plot(manifest, rows, tmp_path / "t.png")
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_recorded_shares_and_the_fibers_counts():
+    manifest, rows = _run(paths=True)
+    s = runs.state_at(manifest, rows, 0.2)  # adaptive routing's weights, not equal shares
+    assert [p["ecmp_share"] for p in s["paths"]] == [0.75, 0.25] and all(p["in_ecmp"] for p in s["paths"])
+    s = runs.state_at(manifest, rows, 0.6)
+    assert [p["ecmp_share"] for p in s["paths"]] == [1.0, 0.0] and not s["paths"][1]["in_ecmp"]
+    # The fiber carried nothing from the first sample after convergence to the last before
+    # restore (0.5 s to 0.65 s); recorded without the fibers' counts, the figure is unknown, not 0.
+    assert runs.figures(manifest, rows)["events"][0]["fiber_packets_while_withdrawn"] == 0
+    assert runs.figures(*_run())["events"][0]["fiber_packets_while_withdrawn"] is None
+    # A fiber that kept carrying is seen: the counts grow in the window.
+    for r in rows["paths"]:
+        if r["port"] == "east-border0:eth3" and 0.6 <= r["t_s"] and r["fiber_packets"] is not None:
+            r["fiber_packets"] += 7
+    assert runs.figures(manifest, rows)["events"][0]["fiber_packets_while_withdrawn"] == 7
 
 
 def test_the_run_and_state_texts():

@@ -36,3 +36,36 @@ def test_an_answer_that_is_not_the_record_is_named():
     with pytest.raises(WorkerFailed, match="answered 'hello' before it was ready, not its ready"):
         w.read("ready", "before it was ready")
     w.proc.wait()
+
+
+def test_the_port_sampler_reads_once_before_the_data_and_keeps_to_a_fifth_of_the_time():
+    import threading
+
+    from emulator.workload.transfer import PortSampler
+
+    calls: list[float] = []
+    fourth = threading.Event()
+
+    def slow() -> dict:  # each reading costs 20 ms: the sampler then waits 80 ms, not 10
+        import time
+
+        calls.append(time.monotonic())
+        time.sleep(0.02)
+        if len(calls) == 4:
+            fourth.set()
+        return {"n": len(calls)}
+
+    s = PortSampler(slow, 0.01)
+    s.start()
+    assert s.readings == [{"n": 1}]  # taken in start(), before the caller goes on
+    assert fourth.wait(10)
+    got = s.stop()
+    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    assert len(got) >= 4 and all(g >= 0.02 + 0.08 * 0.99 for g in gaps), gaps
+
+    def broken() -> dict:
+        raise OSError("controller gone")
+
+    b = PortSampler(broken, 0.01)
+    b.start()
+    assert b.error == "OSError: controller gone" and b.stop() == [] and b.ident is None
