@@ -315,14 +315,16 @@ def format_faults(body: dict) -> list[str]:
         t = f.get(key)
         return "-" if t is None else "+" + units.format_duration(tm.real_time(t - f["asked_at"]))
 
-    lines = [f"  {'ID':>3} {'EVENT':<15} {'TARGET':<18} {'DOWN':>9} {'CONVERGED':>10} {'RESTORED':>10} "
-             f"{'BACK':>10}  PORTS"]
+    lines = [f"  {'ID':>3} {'EVENT':<15} {'TARGET':<18} {'DOWN':>9} {'CONVERGED':>10} {'ROUTES':>10} "
+             f"{'RESTORED':>10} {'BACK':>10}  PORTS"]
     for f in body["faults"]:
         lines.append(f"  {f['id']:>3} {f['kind']:<15} {f['target']:<18} {at(f, 'took_effect_at'):>9} "
-                     f"{at(f, 'converged_at'):>10} {at(f, 'restored_at'):>10} {at(f, 'reconverged_at'):>10}  "
-                     f"{', '.join(f['ports'])}")
+                     f"{at(f, 'converged_at'):>10} {at(f, 'routes_at'):>10} {at(f, 'restored_at'):>10} "
+                     f"{at(f, 'reconverged_at'):>10}  {', '.join(f['ports'])}")
     lines.append(f"  ports down now: {', '.join(body['down']) or 'none'}; withdrawn from ECMP: "
                  f"{', '.join(body['withdrawn']) or 'none'}")
+    lines.append("  times from the request; CONVERGED: the datapath's ECMP groups written (RoCE); ROUTES: the "
+                 "switches' kernel routes too (ping, TCP)")
     for e in body.get("errors") or []:
         lines.append(f"  ERROR: {e}")
     return lines

@@ -116,7 +116,7 @@ def run(name: str, scn: scenario_mod.Scenario, out_dir: str | Path, timeout: flo
     path_of = {f"{l.a.node}:{l.a.ifname}" if plan.node(l.a.node).role in SWITCH_ROLES else f"{l.b.node}:{l.b.ifname}":
                l.path for l in plan.links if l.kind == "wan"}
     rows = runs.tables(fspec.time, timeline_thread.t0, tel["ports"], tel["senders"], path_of,
-                       timeline_thread.applied, faults)
+                       timeline_thread.applied, faults, senders_t0=tel["t0_monotonic"])
     flows = body["flows"]
     manifest = {
         "fabric": name, "scenario": scn.as_dict(), "topology_text": client.request(name, {"op": "plan"})["topology"],

@@ -25,13 +25,12 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
 from emulator.errors import AlreadyRunning, BackplaneError, CapabilityError, FabricError
 from emulator.fabric import capabilities, checks, netns, queues
+from emulator.fabric.routes import MAIN_TABLE, route_request
 from emulator.model.plan import DelayLine, FabricPlan, Node as PlanNode, Port, Route
 
 # Mininet.init() would raise rlimits and rewrite global sysctls (wmem_max, ARP cache sizes, ...)
 # behind the user's back. The namespaces we build need none of it.
 Mininet.inited = True
-
-MAIN_TABLE = 254
 
 
 class FabricNode(MininetNode):
@@ -191,19 +190,8 @@ def install_routes(node: FabricNode, routes: tuple[Route, ...]) -> None:
     ipr = node.ipr
     index = {l.get_attr("IFLA_IFNAME"): l["index"] for l in ipr.get_links()}
     for route in routes:
-        dst = str(route.dst.network_address)
-        kwargs: dict[str, Any] = {"dst": dst, "dst_len": route.dst.prefixlen, "table": MAIN_TABLE}
-        if len(route.nexthops) == 1:
-            gw, dev = route.nexthops[0]
-            kwargs["oif"] = index[dev]
-            if gw:
-                kwargs["gateway"] = gw
-            else:
-                kwargs["scope"] = 253  # link: the host is on this port
-        else:
-            kwargs["multipath"] = [{"gateway": gw, "oif": index[dev]} for gw, dev in route.nexthops]
         try:
-            ipr.route("add", **kwargs)
+            ipr.route("add", **route_request(route.dst, [(gw, index[dev]) for gw, dev in route.nexthops]))
         except NetlinkError as e:
             raise FabricError(f"{node.name}: adding route {route.dst} via {route.nexthops} failed: {e}") from None
     have = read_routes(node)

@@ -19,10 +19,10 @@ import math
 
 from emulator.bpf import structs as S
 from emulator.errors import UsageError
-from emulator.fabric import queues
+from emulator.fabric import queues, routes
 from emulator.faults import routing
 from emulator.model import units
-from emulator.model.plan import DelayLine, FabricPlan, Port, Shaping
+from emulator.model.plan import DelayLine, FabricPlan, Port, Shaping, SWITCH_ROLES
 from emulator.model.spec import ETH_HEADER
 
 # Faults that take ports down (the control plane reacts), faults that change a setting of a
@@ -48,7 +48,8 @@ class Fault:
     asked_at: float = 0.0
     took_effect_at: float | None = None  # ports down in the datapath
     noticed_at: float | None = None  # the control plane saw them dead (the detection time later)
-    converged_at: float | None = None  # dead next hops withdrawn from ECMP
+    converged_at: float | None = None  # dead next hops withdrawn from ECMP (the datapath's groups)
+    routes_at: float | None = None  # ... and from the switches' kernel routes (ping, TCP) too
     restored_at: float | None = None  # ports up again
     reconverged_at: float | None = None  # next hops back in ECMP
     flaps_done: int = 0
@@ -75,7 +76,13 @@ class FaultAgent:
         self._since: dict[str, float] = {}  # port -> when it last went down
         self._noticed: dict[str, set[int]] = {}  # what the control plane has seen, detection later
         self._groups = routing.ecmp_groups(plan, set())
-        self.full_groups = dict(self._groups)  # nothing down: whom each port serves
+        # Each group's kernel route: its switch, and the gateway behind each of its ports.
+        self._kernel: dict[tuple, tuple[str, dict[int, str]]] = {}
+        for node in plan.nodes:
+            if node.role in SWITCH_ROLES:
+                ports = {p.ifname: p.ifindex for p in plan.ports(node.name)}
+                for route in plan.routes[node.name]:
+                    self._kernel[(node.uid, route.dst)] = (node.name, {ports[dev]: gw for gw, dev in route.nexthops})
         # Adaptive routing's view (emulator/faults/adaptive.py): ports' weights in their groups,
         # and the ports it took out; the ports out of ECMP now carry BP_PORT_AVOID.
         self._weights: dict[int, float] = {}
@@ -282,19 +289,34 @@ class FaultAgent:
             fault.restored_at = now
         self._schedule(now + self._wall(fault.options["detection_s"]), "notice-up", fault.id)
 
-    def _converge(self) -> None:
+    def _converge(self) -> list[tuple]:
         """Write the ECMP groups the control plane's view of dead ports and adaptive routing's
-        weights leave, and mark the ports out of them (flows pinned there move at once)."""
+        weights leave, and mark the ports out of them (flows pinned there move at once).
+        Returns the groups whose members changed, for ``_follow`` to write into the kernel."""
         out = {p for p, s in self._noticed.items() if s} | self._shunned
         groups = routing.ecmp_groups(self.plan, out)
+        members = []
         for key, ifindexes in groups.items():
             groups[key] = routing.weighted_slots(ifindexes, self._weights, S.MAX_NEXTHOPS)
             if groups[key] != self._groups.get(key):
                 self.datapath.set_route(key[0], key[1], groups[key])
+                if set(groups[key]) != set(self._groups.get(key, ())):
+                    members.append((key, list(dict.fromkeys(groups[key]))))
         self._groups = groups
         for port in out ^ self._avoided:
             self._set_flag(port, S.PORT_AVOID, port in out)
         self._avoided = out
+        return members
+
+    def _follow(self, members: list[tuple]) -> None:
+        """The switches' kernel routes follow the groups' members (not their weights, which are
+        the datapath's), for what does not take the datapath: ping, TCP. After the datapath,
+        which is what RoCE takes: a route through pyroute2 costs a fraction of a millisecond."""
+        if self.ipr_of is None:
+            return
+        for key, ifindexes in members:
+            node, gateway = self._kernel[key]
+            routes.replace_route(self.ipr_of(node), node, key[1], [(gateway[i], i) for i in ifindexes])
 
     def set_weights(self, weights: dict[str, float], shunned: set[str]) -> None:
         """Adaptive routing's decision: each port's weight in its groups ("node:ifname" -> w,
@@ -302,7 +324,7 @@ class FaultAgent:
         with self._lock:
             self._weights = {self._ifindex[p]: w for p, w in weights.items()}
             self._shunned = set(shunned)
-            self._converge()
+            self._follow(self._converge())
 
     # --- timers (the agent's thread) ---
 
@@ -331,19 +353,23 @@ class FaultAgent:
                 self._noticed.setdefault(p, set()).add(fault.id)
             if dead:
                 noticed = time.monotonic()
-                self._converge()
-                if fault.converged_at is None:
+                members = self._converge()
+                first = fault.converged_at is None
+                if first:
                     fault.noticed_at, fault.converged_at = noticed, time.monotonic()
+                self._follow(members)
+                if first:
+                    fault.routes_at = time.monotonic()
         elif what == "notice-up":
             changed = False
             for p in fault.ports:
                 if not self._down.get(p) and fault.id in self._noticed.get(p, set()):
                     self._noticed[p].discard(fault.id)
                     changed = True
-            if changed:
-                self._converge()
+            members = self._converge() if changed else []
             if fault.restored_at is not None and fault.reconverged_at is None:
                 fault.reconverged_at = time.monotonic()
+            self._follow(members)
         elif what == "flap-up":
             if fault.restored_at is not None:
                 return  # restored by hand while it flapped

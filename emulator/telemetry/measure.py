@@ -173,4 +173,8 @@ def path_loss(plan: FabricPlan, src: str, dst: str, dst_address: str, delay_port
     if "error" in result:
         raise MeasurementError(f"loss {src} -> {dst}: {result['error']}")
     drops = qdisc_counters(plan, delay_port)["drops"] - before["drops"]
+    if result.get("socket_drops"):
+        raise MeasurementError(f"loss {src} -> {dst}: the receiver's own socket dropped {result['socket_drops']} "
+                               "packets (the machine held it up past its buffer): the path's loss cannot be read "
+                               "from this run")
     return Loss(src, dst, dst_address, configured, sent, result["packets"], drops)

@@ -48,10 +48,19 @@ def _link_drops(ipr, index: int) -> dict[str, int]:
     return {"rx_dropped": s.get("rx_dropped", 0), "tx_dropped": s.get("tx_dropped", 0)}
 
 
+def _packet_counts(link) -> dict[str, int]:
+    s = link.get_attr("IFLA_STATS64") or {}
+    return {k: s.get(k, 0) for k in ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes")}
+
+
+def links_packets(ipr) -> dict[int, dict[str, int]]:
+    """``link_packets`` of every interface of a namespace, in one netlink dump: ifindex -> counts."""
+    return {link["index"]: _packet_counts(link) for link in ipr.get_links()}
+
+
 def link_packets(ipr, index: int) -> dict[str, int]:
     """The kernel's own count of what crossed the interface (independent of the datapath's)."""
-    s = ipr.get_links(index)[0].get_attr("IFLA_STATS64") or {}
-    return {k: s.get(k, 0) for k in ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes")}
+    return _packet_counts(ipr.get_links(index)[0])
 
 
 def port_stats(f: "Fabric", port: Port) -> dict:

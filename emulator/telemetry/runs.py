@@ -30,9 +30,11 @@ _STAMPS = (("took_effect_at", "took_effect_s"), ("noticed_at", "noticed_s"), ("c
 
 
 def tables(tm: TimeModel, t0: float, readings: list[dict], senders: dict, path_of: dict[str, int],
-           applied: list[dict], faults: list[dict]) -> dict[str, list[dict]]:
-    """The store's rows. ``readings``: the controller's port samples (monotonic ``t``);
-    ``senders``: the transfer's per-host QP series (seconds from ``t0``); ``path_of``: border
+           applied: list[dict], faults: list[dict], senders_t0: float | None = None) -> dict[str, list[dict]]:
+    """The store's rows, every time in seconds from ``t0`` (monotonic: the timeline's start).
+    ``readings``: the controller's port samples (monotonic ``t``); ``senders``: the transfer's
+    per-host QP series (seconds from ``senders_t0``, the transfer's own start before its
+    workers came up; ``t0`` if None); ``path_of``: border
     port -> long-haul path; ``applied``: each scenario event as the runner applied it (its
     ``at_s``, ``applied_at``, the fault id it made, or its error); ``faults``: the agent's."""
     def when(t_s: float) -> dict:
@@ -50,10 +52,11 @@ def tables(tm: TimeModel, t0: float, readings: list[dict], senders: dict, path_o
                               "depth": p["depth"], "drops": p["drops"], "down_drops": p.get("down_drops", 0),
                               "share": q.get("share"), "fiber_packets": q.get("fiber_packets")})
     nics = []
+    shift = (senders_t0 - t0) if senders_t0 is not None else 0.0
     for host, s in senders.items():
         for qpn, q in s["qps"].items():
             for k, t in enumerate(s["t"]):
-                nics.append({**when(t), "host": host, "qpn": int(qpn),
+                nics.append({**when(t + shift), "host": host, "qpn": int(qpn),
                              **{c: q[c][k] if c in q else 0 for c in COLUMNS["nics"][4:]}})
     by_id = {f["id"]: f for f in faults}
     events = []

@@ -17,6 +17,8 @@ import sys
 import time
 
 UDP_IP_ETH = 8 + 20 + 14  # header bytes a shaper counts on top of the UDP payload
+# The socket option that stamps each datagram with the socket's drop count (asm-generic/socket.h).
+SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
 
 
 def receive(bind: str, port: int, warmup: float, seconds: float, first_timeout: float) -> dict:
@@ -59,19 +61,38 @@ def receive(bind: str, port: int, warmup: float, seconds: float, first_timeout: 
     }
 
 
+def _big_receive_buffer(sock: socket.socket, size: int) -> None:
+    """``size`` bytes of receive buffer: as root past net.core.rmem_max (this socket only, the
+    sysctl untouched), so a receiver the machine holds up for a while loses nothing."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUFFORCE, size)
+    except (OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+
+
 def count(bind: str, port: int, expect: int, idle: float, first_timeout: float, idle_after_eof: bool = False) -> dict:
     """Count every packet until ``expect`` arrived or none came for ``idle`` seconds (with
     ``idle_after_eof``: none came for ``idle`` seconds after standard input closed, which the
-    caller does once its sender has finished)."""
+    caller does once its sender has finished). Also what the socket itself dropped, full (the
+    kernel's count, SO_RXQ_OVFL): a loss of the instrument's, never of the path's."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    _big_receive_buffer(sock, 16 << 20)
+    sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
     sock.bind((bind, port))
     print("ready", flush=True)
     buf = bytearray(65536)
+    dropped = 0
+
+    def take() -> None:
+        nonlocal dropped
+        _, ancillary, _, _ = sock.recvmsg_into([buf], socket.CMSG_SPACE(4))
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(data) >= 4:
+                dropped = max(dropped, int.from_bytes(data[:4], sys.byteorder))
+
     sock.settimeout(first_timeout)
-    packets = 0
     try:
-        sock.recv_into(buf)
+        take()
     except socket.timeout:
         return {"error": f"no packet within {first_timeout} s"}
     packets = 1
@@ -80,14 +101,14 @@ def count(bind: str, port: int, expect: int, idle: float, first_timeout: float, 
     while packets < expect:
         ready, _, _ = select.select([sock] + ([] if sender_done else [sys.stdin]), [], [], idle)
         if sock in ready:
-            sock.recv_into(buf)
+            take()
             packets += 1
         elif not sender_done and ready:
             if not sys.stdin.readline():
                 sender_done = True
         elif sender_done:
             break
-    return {"packets": packets}
+    return {"packets": packets, "socket_drops": dropped}
 
 
 def _realtime() -> bool:
@@ -119,16 +140,18 @@ def send(dst: str, port: int, size: int, seconds: float) -> dict:
 
 
 def send_count(dst: str, port: int, size: int, total: int, pps: float) -> dict:
-    """Send exactly ``total`` packets at ``pps`` per second (a paced trickle, not a blast)."""
+    """Send exactly ``total`` packets at ``pps`` per second (a paced trickle, not a blast).
+    Late (the machine held the process up) it goes on from now: catching up in a burst would
+    overflow the queues on the way and count the instrument's own drops as the path's."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     payload = bytes(size)
-    start = time.monotonic()
+    start = due = time.monotonic()
     sent = failed = 0
-    for i in range(total):
-        due = start + i / pps
+    for _ in range(total):
         wait = due - time.monotonic()
         if wait > 0:
             time.sleep(wait)
+        due = max(due, time.monotonic()) + 1 / pps
         try:
             sock.sendto(payload, (dst, port))
             sent += 1

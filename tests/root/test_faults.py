@@ -24,7 +24,7 @@ import yaml
 from emulator.control import client
 from emulator.fabric import capabilities
 
-from .conftest import REPO, TOPOLOGIES, bp, bp_json
+from .conftest import REPO, TOPOLOGIES, bp, bp_json, nothing_left
 
 NO_DELAY = () if capabilities.has_netem() else ("--no-wan-delay",)
 SRC, DST, QPS, SIZE = "east-host0", "west-host0", 16, "192MB"
@@ -44,6 +44,12 @@ def paths(name: str) -> tuple[dict[int, int], dict[int, int]]:
         if "fiber_path" in p:
             fiber[p["fiber_path"]] = fiber.get(p["fiber_path"], 0) + p["kernel"]["tx_packets"]
     return border, fiber
+
+
+def kernel_routes(name: str, node: str) -> dict[str, set[str]]:
+    """The node's kernel routes: destination -> the ports they leave by (`ip route`)."""
+    routes = json.loads(bp("exec", "--name", name, node, "--", "ip", "-j", "-4", "route", "show").stdout)
+    return {r["dst"]: {h["dev"] for h in r["nexthops"]} if "nexthops" in r else {r["dev"]} for r in routes}
 
 
 def fault(name: str, fid: int) -> dict:
@@ -76,12 +82,15 @@ def transfer_onto_cut_path(name: str, size: str) -> subprocess.Popen:
 
 def test_a_fiber_cut_is_withdrawn_after_detection_and_the_transfer_heals(fabrics):
     name = fabrics("tcut", "cross-dc", *NO_DELAY)
+    built = kernel_routes(name, "east-border0")
     transfer = transfer_onto_cut_path(name, SIZE)
     try:
         cut = bp_json("inject", "fiber-cut", "-n", name, f"wan{CUT}")["fault"]
         f = wait_for(name, cut["id"], "converged_at", 10)
         converged = f["converged_at"] - f["took_effect_at"]
         settled = paths(name)
+        wait_for(name, cut["id"], "routes_at", 10)
+        withdrawn = kernel_routes(name, "east-border0")
         time.sleep(WATCH_S)  # the window the cut path is watched over
         after = paths(name)
         running = transfer.poll() is None
@@ -90,6 +99,7 @@ def test_a_fiber_cut_is_withdrawn_after_detection_and_the_transfer_heals(fabrics
         r = json.loads(out)
         back = bp_json("inject", "restore", "-n", name, f"wan{CUT}")["fault"]["restored"][0]
         g = wait_for(name, back["id"], "reconverged_at", 10)
+        restored = kernel_routes(name, "east-border0")
         text = bp("faults", "-n", name).stdout
     finally:
         if transfer.poll() is None:
@@ -107,6 +117,11 @@ def test_a_fiber_cut_is_withdrawn_after_detection_and_the_transfer_heals(fabrics
     assert r["intact"] and r["complete"] and r["retransmits"] > 0
     assert DETECTION_S <= g["reconverged_at"] - g["restored_at"] <= DETECTION_S + LATE_S
     assert f"wan{CUT}" in text and "withdrawn from ECMP: none" in text
+    # The kernel's routes (ping, TCP) followed: the cut port left every route it served, and came back.
+    port = next(p for p in cut["ports"] if p.startswith("east-border0:")).split(":")[1]
+    served = [dst for dst, devs in built.items() if port in devs and len(devs) > 1]
+    assert served and all(withdrawn[d] == built[d] - {port} for d in served), (built, withdrawn)
+    assert restored == built
 
 
 def border_ports(name: str, path: int) -> list[dict]:
@@ -210,6 +225,17 @@ def test_a_scenario_run_is_recorded_and_replayed(fabrics, tmp_path):
     assert len(during) > 2 and during[0][1] == during[-1][1]
     # ... and the fiber's own kernel counters, recorded with the samples, confirm it.
     assert cut["fiber_packets_while_withdrawn"] == 0
+    # The NICs' series is on the same clock: their loss recovery starts between the cut and
+    # shortly after convergence (what was sent into the dead path until then).
+    nics = sorted(pq.read_table(out / "nics.parquet").to_pylist(), key=lambda r: r["t_s"])
+    last: dict[tuple, int] = {}
+    resent_at = []
+    for r in nics:
+        key = (r["host"], r["qpn"])
+        if r["retransmits"] > last.get(key, 0):
+            resent_at.append(r["t_s"])
+        last[key] = r["retransmits"]
+    assert any(ev["took_effect_s"] < t <= ev["converged_s"] + 0.1 for t in resent_at), resent_at
     assert all(r["share"] is not None for r in paths) and any(r["fiber_packets"] is not None for r in paths)
     state = bp_json("report", str(out), "--at", "300ms")  # converged at 190-250 ms, restored at 400 ms
     wan = {p["path"]: p for p in state["paths"]}
@@ -237,6 +263,9 @@ def test_a_flap_and_a_switch_failure_run_to_completion_and_leak_nothing(fabrics,
         assert "detection_s" not in ev and all(f["flaps_done"] == 5 for f in faults["faults"])
     else:
         assert DETECTION_S <= ev["detection_s"] <= DETECTION_S + LATE_S
+    # `down` takes everything with it: what `clean` would look for is gone already.
+    bp("down", "--name", name)
+    assert not nothing_left(name), nothing_left(name)
 
 
 def test_adaptive_health_leaves_a_losing_path_and_the_flows_on_it_move(fabrics, tmp_path):

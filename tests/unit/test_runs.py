@@ -122,6 +122,14 @@ def test_the_plot(tmp_path):
     assert out.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_nics_series_is_put_on_the_timelines_clock():
+    # The transfer's own clock starts before its workers come up; the timeline's at the data.
+    readings, senders = [{"t": T0, "ports": []}], {"h": {"t": [0.5, 0.6], "qps": {"1": {"retransmits": [0, 3]}}}}
+    rows = runs.tables(TM, T0, readings, senders, {}, [], [], senders_t0=T0 - 0.45)
+    assert [r["t_s"] for r in rows["nics"]] == pytest.approx([0.05, 0.15])
+    assert [r["t_s"] for r in runs.tables(TM, T0, readings, senders, {}, [], [])["nics"]] == [0.5, 0.6]
+
+
 def test_recorded_shares_and_the_fibers_counts():
     manifest, rows = _run(paths=True)
     s = runs.state_at(manifest, rows, 0.2)  # adaptive routing's weights, not equal shares
