@@ -26,6 +26,10 @@ ONE_WAY_S = 3000 * 5e-6  # 3,000 km at 5 us/km
 # same fabric without netem, measured in the same run, is subtracted). On hardware or KVM that
 # cost is microseconds and the whole RTT keeps within 5%.
 EMULATED_NETEM_TOLERANCE = 0.08
+# That cost is per delay line a packet waits in, not a share of its delay: a short line (the
+# hosts' in-DC latency, under 2 ms) pays as much, measured 0.15-0.35 ms a line. Allowed: what the
+# WAN's tolerance allows one line.
+EMULATED_NETEM_LINE_S = EMULATED_NETEM_TOLERANCE * ONE_WAY_S
 
 
 def variant(tmp_path: Path, base: str, **changes) -> Path:
@@ -181,10 +185,11 @@ def test_in_dc_latency_is_held_by_the_hosts_netem_and_dilates(fabrics, tmp_path)
     intra = body["intra_dc"]
     assert intra["applied"] and math.isclose(intra["rtt_s"], 2 * (4 * 100e-9 + 3 * 500e-9), rel_tol=1e-6)
     want = 1000 * intra["rtt_s"]
-    tolerance = EMULATED_NETEM_TOLERANCE if cpu_is_emulated() else 0.05
+    # Two lines a round trip (each host's egress); on hardware or KVM, 5% and the ping's 0.2 ms.
+    slack = 2 * EMULATED_NETEM_LINE_S if cpu_is_emulated() else 0.2e-3
     print(f"\nin-DC RTT at faithful: min {got['min_s'] * 1e3:.2f} ms wall, the hosts' delay lines {added * 1e3:.2f} ms "
           f"(want {want * 1e3:.2f} ms); the routers {ref['min_s'] * 1e3:.2f} ms")
-    assert want * 0.99 <= added <= want * (1 + tolerance) + 0.2e-3, (got, ref)
+    assert want * 0.99 <= added <= want * 1.05 + slack, (got, ref)
     hosts = [p["kernel"] for link in body["links"] for p in (link["a"], link["b"])
              if p["node"].startswith("local-host")]
     assert hosts and all(k.get("fifo") == "netem" and math.isclose(k["delay_s"], want / 2, rel_tol=1e-3)
