@@ -32,8 +32,6 @@ from emulator.telemetry.records import PathReading, PortReading, PortSample
 
 PROTOCOL = 1
 MAX_REQUEST = 1 << 16
-# Fibers whose kernel counters a "sample" with paths reads (the others', in turn, are None).
-FIBERS_PER_SAMPLE = 4
 
 
 class _Stop(BaseException):
@@ -63,7 +61,6 @@ class Controller:
         self._switch_ports = None  # the ports "sample" reads, listed once
         self._wan_ports = None  # (border port, path, the fiber's port beyond it), listed once
         self._full_groups: dict = {}  # the ECMP groups with nothing down
-        self._fiber_next = 0  # the fiber "sample" reads next
         self._marks: dict[int, object] = {}  # fidelity marks a run is judged against later
         self._fault_agent = None  # faults.agent.FaultAgent, from the first fault on
         self._adaptive = None  # faults.adaptive.AdaptiveAgent, with ecmp.adaptive from the start
@@ -171,8 +168,8 @@ class Controller:
         return {"ok": True, **PortSample(time.monotonic(), rows, paths).as_dict()}
 
     def _path_readings(self) -> list[PathReading]:
-        # Each border port onto a long-haul path: its ECMP share now, and the fiber's count (a
-        # few fibers a sample, in turn: all of them at once would double a sample's cost).
+        # Each border port onto a long-haul path: its ECMP share now, and the fiber's count (its
+        # namespace's /proc net/dev, both directions at once).
         if self._wan_ports is None:
             full = routing.ecmp_groups(self.plan, set())
             self._wan_ports = []
@@ -187,12 +184,10 @@ class Controller:
                         self._wan_ports.append((end, link.path, out, keys))
             self._full_groups = full
         now = self._fault_agent.groups() if self._fault_agent is not None else self._full_groups
-        fibers = sorted({out.node for _, _, out, _ in self._wan_ports})
-        read = {fibers[(self._fiber_next + k) % len(fibers)] for k in range(min(len(fibers), FIBERS_PER_SAMPLE))}
-        self._fiber_next = (self._fiber_next + FIBERS_PER_SAMPLE) % max(1, len(fibers))
-        counts = {node: telemetry.links_packets(self.fabric.nodes[node].ipr) for node in read}  # one dump a fiber
+        fibers = {out.node for _, _, out, _ in self._wan_ports}
+        counts = {node: telemetry.netdev_packets(self.fabric.nodes[node].pid) for node in fibers}
         return [PathReading(f"{b.node}:{b.ifname}", path, routing.share(now, b.ifindex, keys),
-                            counts[out.node][out.ifindex]["tx_packets"] if out.node in counts else None)
+                            counts[out.node][out.ifname]["tx_packets"])
                 for b, path, out, keys in self._wan_ports]
 
     def _agent(self):

@@ -53,9 +53,18 @@ def _packet_counts(link) -> dict[str, int]:
     return {k: s.get(k, 0) for k in ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes")}
 
 
-def links_packets(ipr) -> dict[int, dict[str, int]]:
-    """``link_packets`` of every interface of a namespace, in one netlink dump: ifindex -> counts."""
-    return {link["index"]: _packet_counts(link) for link in ipr.get_links()}
+def netdev_packets(pid: int) -> dict[str, dict[str, int]]:
+    """The kernel's packet counts of every interface of the namespace process ``pid`` is in, from
+    its /proc/PID/net/dev: ifname -> counts. A file read, a few microseconds, against a netlink
+    dump's parse of every attribute (most of a millisecond)."""
+    out = {}
+    with open(f"/proc/{pid}/net/dev") as f:
+        for line in f.readlines()[2:]:  # two header lines
+            name, _, fields = line.partition(":")
+            v = fields.split()
+            out[name.strip()] = {"rx_bytes": int(v[0]), "rx_packets": int(v[1]), "tx_bytes": int(v[8]),
+                                 "tx_packets": int(v[9])}
+    return out
 
 
 def link_packets(ipr, index: int) -> dict[str, int]:
