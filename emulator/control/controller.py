@@ -26,7 +26,7 @@ from emulator.faults.agent import FaultAgent, KINDS as FAULT_KINDS
 from emulator.model import plan as plan_mod, spec
 from emulator.model.scenario import DEFAULT_DETECTION_S
 from emulator.fabric import queues
-from emulator.model.plan import SWITCH_ROLES
+from emulator.model.plan import Port, SWITCH_ROLES
 from emulator.telemetry import describe, ports as telemetry
 from emulator.telemetry.records import PathReading, PortReading, PortSample
 
@@ -164,7 +164,7 @@ class Controller:
                        "lossless_drops": sum(r["drop_headroom"] + r["wd_tx_drop"] + r["wd_rx_drop"] for r in counts)}
             rows.append(PortReading(f"{p.node}:{p.ifname}", q["depth"], q["deq_bytes"], c["ecn_marks"],
                                     c["drop_buffer"], down_drops=c["drop_link_down"], **pfc))
-        paths = self._path_readings() if request.get("paths") else []  # the fibers' counters cost netlink calls
+        paths = self._path_readings() if request.get("paths") else []  # scenario runs record them
         return {"ok": True, **PortSample(time.monotonic(), rows, paths).as_dict()}
 
     def _path_readings(self) -> list[PathReading]:
@@ -178,10 +178,8 @@ class Controller:
                     continue
                 for end in (link.a, link.b):
                     if self.plan.node(end.node).role in SWITCH_ROLES:
-                        into = self.plan.peer(end)
-                        out = next(p for p in self.plan.ports(into.node) if p.ifname != into.ifname)
                         keys = routing.serving(full, end.ifindex, self.plan.node(end.node).uid)
-                        self._wan_ports.append((end, link.path, out, keys))
+                        self._wan_ports.append((end, link.path, self._beyond(end), keys))
             self._full_groups = full
         now = self._fault_agent.groups() if self._fault_agent is not None else self._full_groups
         fibers = {out.node for _, _, out, _ in self._wan_ports}
@@ -226,11 +224,15 @@ class Controller:
                     "storms": [s.as_dict() for s in dp.pfc.storms]}
         raise errors.UsageError(f"pfcwd {cmd!r}: use start, stop, config or stats")
 
+    def _beyond(self, border: Port) -> Port:
+        # The fiber's port that carries on what ``border`` sends onto it (towards the far border).
+        into = self.plan.peer(border)
+        return next(p for p in self.plan.ports(into.node) if p.ifname != into.ifname)
+
     def _fiber_drops(self, border_port: str) -> int:
         # What the fiber's delay line dropped of what this border port sent onto it (netem loss).
         node, _, ifname = border_port.partition(":")
-        into = self.plan.peer(self.plan.port(node, ifname))
-        out = next(p for p in self.plan.ports(into.node) if p.ifname != into.ifname)
+        out = self._beyond(self.plan.port(node, ifname))
         return queues.counters(self.fabric.nodes[out.node].ipr, out.ifindex)["drops"]
 
     def _fault_agent_now(self):

@@ -48,11 +48,6 @@ def _link_drops(ipr, index: int) -> dict[str, int]:
     return {"rx_dropped": s.get("rx_dropped", 0), "tx_dropped": s.get("tx_dropped", 0)}
 
 
-def _packet_counts(link) -> dict[str, int]:
-    s = link.get_attr("IFLA_STATS64") or {}
-    return {k: s.get(k, 0) for k in ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes")}
-
-
 def netdev_packets(pid: int) -> dict[str, dict[str, int]]:
     """The kernel's packet counts of every interface of the namespace process ``pid`` is in, from
     its /proc/PID/net/dev: ifname -> counts. A file read, a few microseconds, against a netlink
@@ -69,7 +64,8 @@ def netdev_packets(pid: int) -> dict[str, dict[str, int]]:
 
 def link_packets(ipr, index: int) -> dict[str, int]:
     """The kernel's own count of what crossed the interface (independent of the datapath's)."""
-    return _packet_counts(ipr.get_links(index)[0])
+    s = ipr.get_links(index)[0].get_attr("IFLA_STATS64") or {}
+    return {k: s.get(k, 0) for k in ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes")}
 
 
 def port_stats(f: "Fabric", port: Port) -> dict:

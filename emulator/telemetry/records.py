@@ -36,7 +36,7 @@ class PathReading:
     port: str  # the border's "node:ifname"
     path: int
     share: float
-    fiber_packets: int | None  # tx packets of the fiber's port towards the far border (None: not read)
+    fiber_packets: int  # tx packets of the fiber's port towards the far border
 
     def as_dict(self) -> dict:
         return asdict(self)
