@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from emulator.tools.simnet import DROP, Net, pair
-from emulator.workload.worker import _config, PKT_WIRE
+from emulator.workload.worker import PKT_WIRE, qp_config
 
 RATE = 400e6
 ONE_WAY = 0.015
@@ -33,7 +33,7 @@ CHUNK = 1 << 20
 
 def run(mode: str, p: float, nbytes: int, seed: int) -> tuple[float, dict]:
     """Goodput (bit/s of simulated time) of one QP writing ``nbytes`` with loss ``p``."""
-    cfg = _config(mode, RATE, 2 * ONE_WAY)
+    cfg = qp_config(mode, RATE, 2 * ONE_WAY)
     a, b = pair(mode, a_psn=random.Random(seed).randrange(1 << 24), **{
         k: getattr(cfg, k) for k in ("max_inflight", "rx_window", "rto_initial")})
     mr = b.pd.register(bytearray(CHUNK))

@@ -11,11 +11,11 @@ import click
 
 from emulator import errors
 from emulator.cli.app import core, main, name_option, need_root
-from emulator.cli.text import format_recording, format_transfer
+from emulator.cli.text import format_collective, format_recording, format_training, format_transfer
 from emulator.control import client, state
 from emulator.fabric import capabilities, netns
 from emulator.telemetry import report, timeline
-from emulator.workload import transfer
+from emulator.workload import collective, collectives, profiles, transfer
 from emulator.model import plan as plan_mod, spec, units
 from emulator.telemetry.cpu import STEAL_LIMIT
 
@@ -191,6 +191,132 @@ def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, tran
                                       f"{cut or lost}")
     if not (r.intact and r.complete):
         raise errors.MeasurementError("the transfer did not complete intact")
+
+
+@run_group.command(name="collective")
+@name_option
+@click.argument("op", type=click.Choice([o.replace("_", "-") for o in collectives.OPS]))
+@click.option("--hosts", required=True, help="The ranks, comma-separated, in ring order (hosts of one DC together).")
+@click.option("--size", default="4MB", show_default=True,
+              help="nccl-tests' size as the NICs move it (emulated bytes; the report gives the real ones).")
+@click.option("--channels", type=click.IntRange(1, collective.MAX_CHANNELS), default=1, show_default=True,
+              help="Rings run side by side, each over its own QPs.")
+@click.option("--qps", type=click.IntRange(1, collective.MAX_QPS), default=None,
+              help="QPs per link, a message split over them [default: the topology's nic.qps_per_pair].")
+@click.option("--transport", type=click.Choice(spec.TRANSPORTS), default=None,
+              help="Loss recovery [default: the topology's nic.transport].")
+@click.option("--dcqcn", type=click.Choice(list(spec.DCQCN_PROFILES)), default=None,
+              help="DCQCN profile the NICs run [default: the topology's nic.dcqcn].")
+@click.option("--profile", type=click.Choice(sorted(profiles.PROFILES)), default=None,
+              help="Set the switches' hash, QPs, transport and DCQCN as a deployment ran them (the options above "
+                   "override it); what the fabric cannot give it is said.")
+@click.option("--iters", type=click.IntRange(1, 1000), default=1, show_default=True)
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
+              help="Give up on a run after this many seconds.")
+@click.option("--json", "as_json", is_flag=True)
+@core
+def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps: int | None,
+                   transport: str | None, dcqcn: str | None, profile: str | None, iters: int, timeout: float,
+                   as_json: bool) -> None:
+    """Run collective OP (all-reduce, all-gather, reduce-scatter, all-to-all) across HOSTS'
+    soft-NICs ITERS times, check every rank's result, and report size, time, algbw and busbw as
+    nccl-tests does, in the real fabric's units and the emulated ones, beside the alpha-beta model."""
+    need_root("run collective")
+    try:
+        nbytes = units.parse_size(size)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--size")
+    fabric = client.running(name)
+    fabric_plan = fabric.plan
+    fspec = fabric_plan.spec
+    op = op.replace("-", "_")
+    ranks = [h for h in hosts.split(",") if h]
+    prof = profiles.PROFILES[profile] if profile else None
+    qps = qps or (prof.qps if prof else fspec.nic.qps_per_pair)
+    transport = transport or (prof.transport if prof else fspec.nic.transport)
+    dcqcn = dcqcn or (prof.dcqcn if prof else None)
+    collective.check_request(fabric_plan, op, ranks, nbytes, channels, qps, transport, iters, timeout,
+                             capabilities.mem_available())
+    notes = profiles.differences(prof, fspec.pfc.enabled, fspec.ecmp.datapath) if prof else []
+    if prof and fspec.ecmp.datapath == "ebpf":
+        client.request(name, {"op": "set_hash", "hash": prof.hash})
+        notes.insert(0, f"profile {prof.name}: the switches now hash {prof.hash}")
+    try:
+        r = collective.run(fabric_plan, op, ranks, nbytes, channels, qps, transport, iters, timeout,
+                           cc=transfer.choose_profile(fspec, dcqcn))
+    except transfer.WorkerFailed as e:
+        gone = fabric_gone(name)
+        if gone:
+            raise errors.MeasurementError(f"fabric {name!r} went away during the collective ({gone}); {e}") from None
+        raise
+    body = {**r.as_dict(), "profile": profile, "notes": notes, "wan_delay": fabric.wan_delay}
+    if as_json:
+        click.echo(json.dumps(body, indent=2))
+    else:
+        for line in format_collective(body):
+            click.echo(line)
+    if not (r.intact and r.complete):
+        raise errors.MeasurementError("the collective did not complete with every rank's result right")
+
+
+@run_group.command(name="training")
+@name_option
+@click.option("--params", required=True, help="The model's parameters, e.g. 7B: its gradients are all-reduced.")
+@click.option("--bytes-per-param", type=click.IntRange(1, 8), default=2, show_default=True,
+              help="Bytes of one gradient (2: bf16).")
+@click.option("--gpus", "hosts", required=True, help="The ranks' hosts, comma-separated, in ring order.")
+@click.option("--compute", required=True, help="The step's compute, real time, e.g. 300ms.")
+@click.option("--overlap", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Share of the all-reduce that runs under the compute (bucketed gradients).")
+@click.option("--channels", type=click.IntRange(1, collective.MAX_CHANNELS), default=1, show_default=True)
+@click.option("--qps", type=click.IntRange(1, collective.MAX_QPS), default=None,
+              help="QPs per link [default: the topology's nic.qps_per_pair].")
+@click.option("--transport", type=click.Choice(spec.TRANSPORTS), default=None)
+@click.option("--dcqcn", type=click.Choice(list(spec.DCQCN_PROFILES)), default=None)
+@click.option("--iters", type=click.IntRange(1, 1000), default=1, show_default=True)
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@core
+def run_training(name: str, params: str, bytes_per_param: int, hosts: str, compute: str, overlap: float,
+                 channels: int, qps: int | None, transport: str | None, dcqcn: str | None, iters: int,
+                 timeout: float, as_json: bool) -> None:
+    """A training step: COMPUTE, then (or, OVERLAP of it, during) the all-reduce of PARAMS'
+    gradients across GPUS, measured on the fabric; gives the step time and the share of it spent
+    waiting on the network, in the real fabric's time."""
+    need_root("run training")
+    try:
+        grads = units.parse_count(params) * bytes_per_param
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--params")
+    try:
+        compute_s = units.parse_duration(compute)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--compute")
+    fabric = client.running(name)
+    fabric_plan = fabric.plan
+    fspec = fabric_plan.spec
+    tm = fspec.time
+    ranks = [h for h in hosts.split(",") if h]
+    qps = qps or fspec.nic.qps_per_pair
+    transport = transport or fspec.nic.transport
+    size = tm.size(grads)  # the gradients are the real fabric's bytes: x s*d on the NICs
+    collective.check_request(fabric_plan, "all_reduce", ranks, size, channels, qps, transport, iters, timeout,
+                             capabilities.mem_available())
+    r = collective.run(fabric_plan, "all_reduce", ranks, size, channels, qps, transport, iters, timeout,
+                       cc=transfer.choose_profile(fspec, dcqcn))
+    if not (r.intact and r.complete):
+        raise errors.MeasurementError("the gradients' all-reduce did not complete with every rank's result right")
+    st = collectives.step(compute_s, tm.real_time(r.time_s), overlap)
+    body = {"params": units.parse_count(params), "bytes_per_param": bytes_per_param, "gradient_bytes": grads,
+            "compute_s": compute_s, "overlap": overlap, "comm_s": st.comm_s, "exposed_s": st.exposed_s,
+            "step_s": st.step_s, "waiting_share": st.waiting_share,
+            "collective": {**r.as_dict(), "wan_delay": fabric.wan_delay}}
+    if as_json:
+        click.echo(json.dumps(body, indent=2))
+        return
+    for line in format_collective(body["collective"]):
+        click.echo(line)
+    click.echo(format_training(body))
 
 
 @main.command()

@@ -387,3 +387,54 @@ def format_adaptive(a: dict) -> list[str]:
                      f"taken out {p['times_out']}x")
     lines += [f"  ERROR: {e}" for e in a["errors"]]
     return lines
+
+
+def format_collective(body: dict) -> list[str]:
+    """A collective as nccl-tests reports one (size, time, algbw, busbw), in the real fabric's
+    units and the emulated ones, with the alpha-beta model beside it."""
+    r = body
+    tm = time_model(r)
+    n = len(r["hosts"])
+    where = "across both DCs" if r["cross_dc"] else "in one DC"
+    real_t, real_size = tm.real_time(r["time_s"]), tm.real_size(r["size"])
+    how = ("point to point, " + ", ".join(r["hosts"]) if r["op"] == "all_to_all"
+           else f"ring {' -> '.join(r['hosts'])} -> {r['hosts'][0]}")
+    lines = [tm.line(),
+             f"{r['op']} over {n} hosts {where}, {how}; "
+             f"{r['channels']} channel(s) x {r['qps']} QP(s) per link, {r['transport']}, {r['rate_control']}, "
+             f"line {units.format_rate(tm.real_rate(r['line_rate_bps']))}"]
+    status = "intact" if r["intact"] else ("NOT INTACT" if r["complete"] else "INCOMPLETE")
+    lines.append(f"  {status}: every rank's result {'equals' if r['intact'] else 'was checked against'} the "
+                 f"operation's (SHA-256), {len(r['times_s'])} of {r['iters']} run(s)")
+    lines.append(f"  {'':<10} {'size':>10} {'time':>10} {'algbw':>12} {'busbw':>12}")
+    if r["time_s"] > 0:
+        lines.append(f"  {'real':<10} {units.format_size(real_size):>10} {units.format_duration(real_t):>10} "
+                     f"{units.format_rate(tm.real_rate(r['algbw_bps'])):>12} "
+                     f"{units.format_rate(tm.real_rate(r['busbw_bps'])):>12}")
+        lines.append(f"  {'emulated':<10} {units.format_size(r['size']):>10} {units.format_duration(r['time_s']):>10} "
+                     f"{units.format_rate(r['algbw_bps']):>12} {units.format_rate(r['busbw_bps']):>12}")
+        lines.append(f"  busbw = algbw x {r['busbw_factor']:.3f} (nccl-tests' factor for {r['op']} at n = {n}); "
+                     f"{r['busbw_bps'] / r['line_rate_bps']:.2f} of one host link")
+        model = tm.real_time(r["model_s"])
+        lines.append(f"  alpha-beta model: {units.format_duration(model)} (line rate, alpha = half the longest "
+                     f"hop's RTT, {units.format_duration(tm.real_time(r['alpha_s']))}); measured / model "
+                     f"{r['time_s'] / r['model_s']:.2f}")
+        if len(r["times_s"]) > 1:
+            lines.append("  runs: " + ", ".join(units.format_duration(tm.real_time(t)) for t in r["times_s"]))
+    lines.append(f"  {r['data_packets']} packets, {r['retransmits']} retransmitted, {r['timeouts']} timeouts")
+    lines.append("  ring hops' RTT: " + ", ".join(f"{hop} {units.format_duration(tm.real_time(s))}"
+                                                  for hop, s in r["hop_rtts_s"].items()))
+    if r["cross_dc"] and r.get("wan_delay") is False:
+        lines.append("  NO DELAY: this fabric runs without its delay lines (--no-wan-delay): the long-haul paths "
+                     "are 0 km long here, and these figures say nothing about distance")
+    lines += [f"  NOTE: {n}" for n in r.get("notes") or []]
+    return lines
+
+
+def format_training(body: dict) -> str:
+    """The step model's line: all in the real fabric's time."""
+    d = units.format_duration
+    return (f"training step: {body['params']:.3g} parameters x {body['bytes_per_param']} B = "
+            f"{units.format_size(body['gradient_bytes'])} of gradients; compute {d(body['compute_s'])}, all-reduce "
+            f"{d(body['comm_s'])} ({body['overlap']:.0%} of it under the compute): step {d(body['step_s'])}, "
+            f"{body['waiting_share']:.1%} of it waiting on the network")

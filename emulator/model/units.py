@@ -69,6 +69,20 @@ def parse_size(text: object) -> int:
     return round(num * factor)
 
 
+_COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+
+
+def parse_count(text: object) -> int:
+    """``7B`` or ``7e9`` -> 7_000_000_000 (a count, such as a model's parameters: k, M, B or G, T)."""
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise ValueError(f"expected a count such as '7B' or 7e9, got {type(text).__name__}")
+    match = _QUANTITY.match(str(text).strip())
+    factor = _COUNT_UNITS.get(match.group("unit").lower()) if match else None
+    if factor is None:
+        raise ValueError(f"expected a count such as '7B', '70M' or 7e9, got {text!r}")
+    return round(float(match.group("num")) * factor)
+
+
 def parse_probability(text: object) -> float:
     """``0.01%`` or ``1e-4`` -> 0.0001; must lie in [0, 1]."""
     if isinstance(text, bool):

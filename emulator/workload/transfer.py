@@ -86,19 +86,24 @@ def _host_port(plan, host: str):
     return next(iter(plan.ports(host)))
 
 
+def check_hosts(plan, hosts, jobs: str) -> None:
+    """Every name is a host of this fabric (``jobs``, e.g. "transfers", run between hosts)."""
+    for host in hosts:
+        try:
+            role = plan.node(host).role
+        except KeyError:
+            raise UsageError(f"no node {host!r} in fabric {plan.name!r}") from None
+        if role != "host":
+            raise UsageError(f"{host} is a {role}, not a host: {jobs} run between hosts' soft-NICs")
+
+
 def check_request(plan, srcs: list[str], dst: str, size: int, qps: int, transport: str, timeout: float,
                   mem_available: int | None = None) -> None:
     """Refuse, before anything starts, a transfer that cannot be: hosts that are not hosts of
     this fabric, a host sending to itself, nothing to send, buffers that do not fit in memory."""
     if not srcs:
         raise UsageError("no sender given")
-    for host in (*srcs, dst):
-        try:
-            role = plan.node(host).role
-        except KeyError:
-            raise UsageError(f"no node {host!r} in fabric {plan.name!r}") from None
-        if role != "host":
-            raise UsageError(f"{host} is a {role}, not a host: transfers run between hosts' soft-NICs")
+    check_hosts(plan, (*srcs, dst), "transfers")
     if dst in srcs:
         raise UsageError(f"{dst} cannot send to itself: the target must be another host")
     if len(set(srcs)) != len(srcs):

@@ -53,7 +53,7 @@ RTO_INITIAL_REAL_S = 320e-6
 RTO_MAX_REAL_S = 10e-3
 
 
-def _config(mode: str, rate_bps: float, rtt_s: float, qps: int = 1, dilation: float = 1.0,
+def qp_config(mode: str, rate_bps: float, rtt_s: float, qps: int = 1, dilation: float = 1.0,
             window: str = "bdp") -> QpConfig:
     """In flight: one BDP (measured RTT x line rate, plus half again and 16 packets of slack for
     coalesced ACKs) for the NIC's QPs together, since they share the host's link; IRN caps each
@@ -109,7 +109,7 @@ def _read() -> dict:
     return json.loads(line)
 
 
-def _qp_figures(qp, dilation: float, completed_s: float | None) -> QpFigures:
+def qp_figures(qp, dilation: float, completed_s: float | None) -> QpFigures:
     """A QP's counters; its RTT and RTO (virtual seconds) as wall seconds, like every time the
     workers report."""
     st = qp.stats
@@ -155,13 +155,18 @@ class Recorder:
         return {"t": self.t, "qps": {str(k): v for k, v in self.series.items()}}
 
 
-def _open(a: argparse.Namespace, peers: list[str]) -> tuple[SoftNic, list[list]]:
-    """The NIC and ``a.qps`` QPs towards each peer."""
+def nic_for(a: argparse.Namespace) -> SoftNic:
+    """The host's soft-NIC as the worker's options set it up (``add_nic_options``)."""
     cc = dcqcn.Profile(**json.loads(a.cc)) if a.cc else None
     # The loop runs on a virtual clock (wall / dilation): its line rate is per virtual second.
-    nic = SoftNic(a.ip, a.rate * a.dilation, a.burst, cc=cc, dilation=a.dilation, pace_burst=PACE_BURST,
-                  pace_burst_s=PACE_SLACK_S / a.dilation)
-    cfg = _config(a.mode, a.rate, a.rtt, a.qps * len(peers), a.dilation, a.window)
+    return SoftNic(a.ip, a.rate * a.dilation, a.burst, cc=cc, dilation=a.dilation, pace_burst=PACE_BURST,
+                   pace_burst_s=PACE_SLACK_S / a.dilation)
+
+
+def _open(a: argparse.Namespace, peers: list[str]) -> tuple[SoftNic, list[list]]:
+    """The NIC and ``a.qps`` QPs towards each peer."""
+    nic = nic_for(a)
+    cfg = qp_config(a.mode, a.rate, a.rtt, a.qps * len(peers), a.dilation, a.window)
     return nic, [[nic.create_qp(p, cfg, initial_psn=random.randrange(1 << 24)) for _ in range(a.qps)] for p in peers]
 
 
@@ -216,7 +221,7 @@ def serve(a: argparse.Namespace) -> int:
         nic.step(0.01)
         rec.tick()
     _emit("result", TargetResult(ok, [hashlib.sha256(mr.buffer).hexdigest() for mr in regions], nic.stats(),
-                                 rec.as_dict(), [_qp_figures(q, a.dilation, done.get(q.qpn)) for q in qps]))
+                                 rec.as_dict(), [qp_figures(q, a.dilation, done.get(q.qpn)) for q in qps]))
     return 0
 
 
@@ -257,31 +262,36 @@ def send(a: argparse.Namespace) -> int:
     rec.tick()
     _emit("result", SenderResult(ok and not failed, digest, seconds, a.size, start - (a.t0 or start),
                                  a.size * 8 / seconds if ok and not failed else 0.0, failed[:20], nic.stats(),
-                                 rec.as_dict(), [_qp_figures(q, a.dilation, completed.get(q.qpn)) for q in qps]))
+                                 rec.as_dict(), [qp_figures(q, a.dilation, completed.get(q.qpn)) for q in qps]))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m emulator.workload.worker")
     ap.add_argument("role", choices=("serve", "send"))
-    ap.add_argument("--ip", required=True)
     ap.add_argument("--peer", required=True)
+    ap.add_argument("--chunk", type=int, default=CHUNK)
+    ap.add_argument("--seed", type=int, default=1)
+    add_nic_options(ap)
+    a = ap.parse_args(argv)
+    return serve(a) if a.role == "serve" else send(a)
+
+
+def add_nic_options(ap: argparse.ArgumentParser) -> None:
+    """The options every soft-NIC worker takes (this one and workload.collective_worker)."""
+    ap.add_argument("--ip", required=True)
     ap.add_argument("--qps", type=int, default=1)
     ap.add_argument("--size", type=int, required=True)
     ap.add_argument("--mode", choices=MODES, default="selective")
     ap.add_argument("--rate", type=float, default=0.0, help="line rate, bit/s (0: unpaced)")
     ap.add_argument("--burst", type=int, default=64 << 10)
     ap.add_argument("--rtt", type=float, default=0.001, help="measured RTT, s: sizes the window")
-    ap.add_argument("--chunk", type=int, default=CHUNK)
-    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--cc", default="", help="DCQCN profile as JSON (already scaled to the NIC's units); empty: none")
     ap.add_argument("--dilation", type=float, default=1.0, help="wall time per real time: the NIC's clock is wall / this")
     ap.add_argument("--window", choices=("bdp", "none"), default="bdp", help="in flight: one BDP, or no cap")
     ap.add_argument("--sample", type=float, default=0.0, help="telemetry period, s (0: none)")
     ap.add_argument("--t0", type=float, default=0.0, help="the orchestrator's CLOCK_MONOTONIC origin")
-    a = ap.parse_args(argv)
-    return serve(a) if a.role == "serve" else send(a)
 
 
 if __name__ == "__main__":

@@ -131,3 +131,27 @@ def test_pfcwd_config_says_its_times_are_the_real_fabrics():
     line, = cli_text.format_pfcwd_config({"enabled": True, "action": "drop", "detection_time_s": 0.2,
                                           "restoration_time_s": 0.2, "poll_interval_s": 0.2})
     assert "started" in line and "action drop" in line and "200ms" in line.replace(" ", "") and "real" in line
+
+
+def test_a_collective_is_reported_as_nccl_tests_does_in_real_and_emulated_units():
+    body = _recorded("collective.json")  # `run collective ... --profile seed --json` on a fabric without delay
+    lines = cli_text.format_collective(body)
+    text = "\n".join(lines)
+    tm = TimeModel.from_dict(body["time_model"])
+    real = next(x for x in lines if x.strip().startswith("real "))
+    emulated = next(x for x in lines if x.strip().startswith("emulated "))
+    # Bytes / (s*d) and rates / s in the real row, the NICs' own in the emulated one.
+    assert "512MB" in real and "512KB" in emulated
+    assert f"{tm.real_rate(body['busbw_bps']) / 1e9:g}Gbps" in real and f"{body['busbw_bps'] / 1e6:g}Mbps" in emulated
+    assert "busbw = algbw x 1.500" in text and "intact" in text and "2 of 2 run(s)" in text
+    assert "ring east-host0 -> east-host1 -> west-host0 -> west-host1 -> east-host0" in text
+    # A fabric without its delay lines says its distance is 0 km; the profile's gaps are said.
+    assert "NO DELAY" in text and "it runs lossy" in text
+    assert "NO DELAY" not in "\n".join(cli_text.format_collective({**body, "wan_delay": True}))
+
+
+def test_a_training_step_says_what_share_waits_on_the_network():
+    line = cli_text.format_training({"params": 7e9, "bytes_per_param": 2, "gradient_bytes": 14e9, "compute_s": 0.3,
+                                     "overlap": 0.5, "comm_s": 0.2, "exposed_s": 0.1, "step_s": 0.4,
+                                     "waiting_share": 0.25})
+    assert "14GB of gradients" in line and "step 400ms" in line and "25.0% of it waiting" in line

@@ -61,3 +61,15 @@ def test_formatting_round_trips_common_values():
     assert units.format_size(16_000) == "16KB"
     assert units.format_duration(0.015) == "15ms"
     assert units.format_duration(30e-6) == "30us"
+
+
+@pytest.mark.parametrize("text, n", [("7B", 7 * 10**9), ("70M", 70 * 10**6), ("1.5t", 15 * 10**11), (7e9, 7 * 10**9),
+                                     ("405b", 405 * 10**9), ("12", 12)])
+def test_counts(text, n):
+    assert units.parse_count(text) == n
+
+
+@pytest.mark.parametrize("text", ["7 bytes", "lots", True, None])
+def test_bad_counts(text):
+    with pytest.raises(ValueError, match="count"):
+        units.parse_count(text)

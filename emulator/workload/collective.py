@@ -1,0 +1,195 @@
+"""``backplane run collective``: a collective (workload.collectives) across hosts' soft-NICs,
+measured as nccl-tests measures one. Run by the CLI in the root namespace: it starts one rank
+(workload.collective_worker) per host namespace, hands every rank the others' QPs, then runs the
+collective ``iters`` times behind a barrier (every rank told to go, every rank done) and checks
+every rank's result against what the operation means, computed here from the same seeds.
+
+The ring follows the order the hosts are given in: hosts of one DC listed together make a ring
+that crosses the long-haul paths twice, as a placement-aware NCCL ring does.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import select
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+from emulator.errors import UsageError
+from emulator.fabric import capabilities, netns
+from emulator.model import units
+from emulator.nic import dcqcn
+from emulator.nic.rc import MODES
+from emulator.workload import collectives as C
+from emulator.workload.collective_worker import RankResult, RunFigures
+from emulator.workload.rank import RankReady
+from emulator.workload.transfer import MEMORY_SHARE, Worker, WorkerFailed, _host_port, _path_rtt, check_hosts
+from emulator.workload.worker import nic_burst
+
+MAX_QPS = 64  # per link: NCCL's connections use a few; 16 is Meta's
+MAX_CHANNELS = 32
+# Bytes each rank's host holds per byte of the collective's size (input, working buffer,
+# staging for each message and the copies in flight), and the orchestrator per rank (inputs and
+# expected results).
+HOST_BYTES_PER_BYTE = 5
+ORCHESTRATOR_BYTES_PER_BYTE = 3
+
+
+@dataclass
+class CollectiveResult:
+    op: str
+    hosts: list[str]  # in ring order
+    size: int  # bytes, nccl-tests' size, as the NICs move it (emulated)
+    channels: int
+    qps: int  # per link
+    transport: str
+    iters: int
+    intact: bool  # every rank's result, every run, equal to the operation's
+    complete: bool
+    times_s: list[float]  # wall seconds per run: first rank's go to last rank's end
+    time_s: float  # their mean, as nccl-tests reports
+    algbw_bps: float  # emulated
+    busbw_bps: float
+    busbw_factor: float
+    line_rate_bps: int
+    cross_dc: bool
+    hop_rtts_s: dict[str, float]  # each ring hop's measured RTT (wall)
+    alpha_s: float  # the step latency: half the longest hop's RTT (wall)
+    model_s: float  # the alpha-beta model's time at the line rate and that alpha (wall)
+    rate_control: str
+    retransmits: int
+    timeouts: int
+    data_packets: int
+    ranks: list[dict] = field(default_factory=list, repr=False)  # per rank: runs and counters
+    time_model: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_request(plan, op: str, hosts: list[str], size: int, channels: int, qps: int, transport: str,
+                  iters: int, timeout: float, mem_available: int | None = None) -> C.Layout:
+    """Refuse, before anything starts, a collective that cannot be; its layout otherwise."""
+    if op not in C.OPS:
+        raise UsageError(f"unknown collective {op!r}: one of {', '.join(C.OPS)}")
+    if len(hosts) < 2:
+        raise UsageError(f"a collective needs at least 2 hosts, {len(hosts)} given")
+    if len(set(hosts)) != len(hosts):
+        raise UsageError(f"a host is named twice: {', '.join(hosts)}")
+    check_hosts(plan, hosts, "collectives")
+    if not 1 <= qps <= MAX_QPS:
+        raise UsageError(f"{qps} QPs per link: use 1 to {MAX_QPS}")
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise UsageError(f"{channels} channels: use 1 to {MAX_CHANNELS}")
+    if transport not in MODES:
+        raise UsageError(f"transport {transport!r}: use one of {', '.join(MODES)}")
+    if iters < 1:
+        raise UsageError(f"{iters} iterations: run at least one")
+    if not timeout > 0:
+        raise UsageError(f"timeout {timeout:g} s: give a time above 0")
+    try:
+        lay = C.layout(op, size, len(hosts), channels)
+    except C.CollectiveError as e:
+        raise UsageError(str(e)) from None
+    need = (HOST_BYTES_PER_BYTE + ORCHESTRATOR_BYTES_PER_BYTE) * len(hosts) * lay.size
+    if mem_available is not None and need > MEMORY_SHARE * mem_available:
+        fits = int(MEMORY_SHARE * mem_available / ((HOST_BYTES_PER_BYTE + ORCHESTRATOR_BYTES_PER_BYTE) * len(hosts)))
+        raise UsageError(f"{units.format_size(lay.size)} over {len(hosts)} ranks needs about {units.format_size(need)} "
+                         f"of memory and this machine has {units.format_size(mem_available)} available: at most "
+                         f"{units.format_size(fits)} fits")
+    return lay
+
+
+def _gather(workers: list[Worker], key: str, when: str, wait: float) -> list[dict]:
+    """Every worker's next ``key`` line, in order; a worker that ends first fails it at once."""
+    got: dict[int, dict] = {}
+    deadline = time.monotonic() + wait
+    while len(got) < len(workers):
+        pending = {w.proc.stdout: i for i, w in enumerate(workers) if i not in got}
+        left = deadline - time.monotonic()
+        ready = select.select(list(pending), [], [], max(0.0, left))[0] if left > 0 else []
+        if not ready:
+            late = ", ".join(workers[i].host for i in pending.values())
+            raise WorkerFailed(f"the soft-NIC(s) on {late} gave no {key} within {wait:g} s {when}")
+        for f in ready:
+            i = pending[f]
+            got[i] = workers[i].read(key, when)
+    return [got[i] for i in range(len(workers))]
+
+
+def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int = 1, transport: str = "selective",
+        iters: int = 1, timeout: float = 300.0, seed: int = 1, cc: dcqcn.Profile | None = None,
+        on_start=None) -> CollectiveResult:
+    """Run ``op`` of ``size`` bytes (nccl-tests' size, as the NICs move it) across ``hosts`` in
+    ring order, ``iters`` times, and check every rank's result. The NICs send at the host
+    link's rate and run ``cc`` (real units; None or ``off``: none), scaled by the time model.
+    Every figure in the result is emulated (wall seconds, emulated bytes and rates)."""
+    lay = check_request(plan, op, hosts, size, channels, qps, transport, iters, timeout, capabilities.mem_available())
+    ports = [_host_port(plan, h) for h in hosts]
+    rate = ports[0].egress.rate_bps
+    ips = [str(p.address.ip) for p in ports]
+    n = len(hosts)
+    hops = {f"{hosts[i]}->{hosts[(i + 1) % n]}": _path_rtt(plan, hosts[i], hosts[(i + 1) % n]) for i in range(n)}
+    # An all-to-all talks to every rank: its window is sized for the farthest.
+    rtt = max(hops.values())
+    if op == "all_to_all":
+        rtt = max(rtt, *(_path_rtt(plan, hosts[0], h) for h in hosts[1:]))
+    window_rtt = max(rtt, 2 * plan.spec.emulated_time(plan.spec.intra_dc_one_way_s()))
+    burst = nic_burst(rate, ports[0].egress.qdisc_limit)
+    tm = plan.spec.time
+    running = cc.scaled(tm.byte_scale) if cc is not None and cc.enabled else None
+    common = ["--op", op, "--ips", ",".join(ips), "--channels", str(channels), "--seed", str(seed),
+              "--qps", str(qps), "--size", str(lay.size), "--mode", transport, "--rate", str(rate),
+              "--burst", str(burst), "--rtt", str(window_rtt), "--timeout", str(timeout),
+              "--cc", json.dumps(asdict(running)) if running else "", "--dilation", repr(tm.dilation),
+              "--window", plan.spec.nic.window]
+    want = [hashlib.sha256(x.tobytes()).hexdigest() for x in C.expected(lay, C.inputs(lay, seed))]
+    py = [sys.executable, "-m", "emulator.workload.collective_worker"]
+    workers: list[Worker] = []
+    runs: list[list[RunFigures]] = []
+    try:
+        for r, (h, ip) in enumerate(zip(hosts, ips)):
+            workers.append(Worker(h, f"rank {r}", netns.popen(
+                plan.netns(h), py + ["--rank", str(r), "--ip", ip, *common], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        ready = _gather(workers, "ready", "before it was ready", 120)
+        peers = {"peers": [asdict(RankReady.from_dict(x)) for x in ready]}
+        for w in workers:
+            w.tell(peers, "while it was being connected")
+        if on_start is not None:
+            on_start()
+        for _ in range(iters):
+            for w in workers:
+                w.tell("go", "at the start of a run")
+            done = [RunFigures.from_dict(d) for d in _gather(workers, "done", "during the collective", timeout + 30)]
+            runs.append(done)
+            if not all(d.ok for d in done):
+                break
+        for w in workers:
+            w.tell("stop", "before it gave its result")
+        results = [RankResult.from_dict(d) for d in _gather(workers, "result", "before it gave its result", 60)]
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.kill()
+            w.proc.wait()
+    complete = len(runs) == iters and all(d.ok for run_ in runs for d in run_)
+    intact = complete and all(d.sha256 == want[r] for run_ in runs for r, d in enumerate(run_))
+    times = [max(d.started + d.seconds for d in run_) - min(d.started for d in run_) for run_ in runs]
+    mean = sum(times) / len(times) if times and complete else 0.0
+    bw = C.bandwidth(op, n, lay.size, mean) if mean > 0 else None
+    alpha = max(hops.values()) / 2
+    qp_all = [q for res in results for q in res.qps]
+    return CollectiveResult(
+        op, list(hosts), lay.size, channels, qps, transport, iters, intact, complete, times, mean,
+        bw.algbw_bps if bw else 0.0, bw.busbw_bps if bw else 0.0, C.BUSBW_FACTOR[op](n), rate,
+        cross_dc=len({plan.node(h).dc for h in hosts}) > 1, hop_rtts_s=hops, alpha_s=alpha,
+        model_s=C.alpha_beta(op, n, lay.size, rate, alpha),
+        rate_control=f"DCQCN {running.name}" if running else "none (line-rate pacing only)",
+        retransmits=sum(q.retransmits for q in qp_all), timeouts=sum(q.timeouts for q in qp_all),
+        data_packets=sum(q.data_packets for q in qp_all),
+        ranks=[{"rank": r, "host": h, "runs": [asdict(run_[r]) for run_ in runs], "nic": res.nic,
+                "qps": [asdict(q) for q in res.qps]} for r, (h, res) in enumerate(zip(hosts, results))],
+        time_model=tm.as_dict())

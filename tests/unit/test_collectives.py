@@ -1,0 +1,174 @@
+"""The collectives' schedules carried out in memory against what each operation means, their
+shape (steps, bytes per link), nccl-tests' figures and the alpha-beta and step models."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from emulator.workload import collectives as C
+
+
+@pytest.mark.parametrize("op", C.OPS)
+@pytest.mark.parametrize("ranks", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("channels", [1, 2, 3])
+def test_every_schedule_computes_its_operation(op, ranks, channels):
+    lay = C.layout(op, 4096 * ranks * channels, ranks, channels)
+    xs = C.inputs(lay, seed=7)
+    got, want = C.execute(lay, xs), C.expected(lay, xs)
+    assert len(got) == ranks
+    for r in range(ranks):
+        assert got[r].size == lay.output_words()
+        assert np.array_equal(got[r], want[r]), (op, ranks, channels, r)
+
+
+@settings(max_examples=60, deadline=None)
+@given(op=st.sampled_from(C.OPS), ranks=st.integers(2, 9), channels=st.integers(1, 4),
+       words=st.integers(1, 40), seed=st.integers(0, 2 ** 31))
+def test_any_layout_and_data(op, ranks, channels, words, seed):
+    lay = C.layout(op, words * C.WORD * ranks * channels, ranks, channels)
+    xs = C.inputs(lay, seed)
+    assert all(np.array_equal(a, b) for a, b in zip(C.execute(lay, xs), C.expected(lay, xs)))
+
+
+def test_the_sum_wraps_modulo_2_32():
+    lay = C.layout("all_reduce", 8 * C.WORD, 2)
+    xs = [np.full(8, 2 ** 32 - 1, dtype=np.uint32), np.full(8, 2, dtype=np.uint32)]
+    assert all(np.array_equal(o, np.ones(8, dtype=np.uint32)) for o in C.execute(lay, xs))
+
+
+def test_a_wrong_schedule_is_caught(monkeypatch):
+    """The in-memory check is what guards the wire: a ring that forgets one reduce is wrong."""
+    lay = C.layout("all_reduce", 64 * 4, 4)
+    right = C.schedule(lay)
+    broken = (C.Send(**{**right[0].__dict__, "reduce": False}),) + right[1:]
+    monkeypatch.setattr(C, "schedule", lambda _lay: broken)
+    xs = C.inputs(lay, 1)
+    assert not all(np.array_equal(a, b) for a, b in zip(C.execute(lay, xs), C.expected(lay, xs)))
+
+
+@pytest.mark.parametrize("op, n_steps", [("all_reduce", 14), ("all_gather", 7), ("reduce_scatter", 7),
+                                         ("all_to_all", 1)])
+def test_ring_steps_and_bytes_per_rank_match_the_busbw_factor(op, n_steps):
+    """What each rank sends, over the size, is nccl-tests' busbw factor: a ring is optimal."""
+    n, channels = 8, 2
+    lay = C.layout(op, n * channels * 1024 * C.WORD, n, channels)
+    sends = C.schedule(lay)
+    assert C.steps(sends) == n_steps
+    for r in range(n):
+        sent = sum(lay.part_bytes for s in sends if s.src == r)
+        received = sum(lay.part_bytes for s in sends if s.dst == r)
+        assert sent == received == pytest.approx(C.BUSBW_FACTOR[op](n) * lay.size)
+    if op != "all_to_all":  # a ring: every rank talks to its successor only
+        assert all(s.dst == (s.src + 1) % n for s in sends)
+
+
+def test_layout_rounds_down_and_refuses_what_cannot_split():
+    lay = C.layout("all_reduce", 1000, 3, 2)  # 1000 B over 6 parts of 4-byte words
+    assert lay.part_words == 41 and lay.size == 984
+    with pytest.raises(C.CollectiveError, match="at least 24 B"):
+        C.layout("all_reduce", 20, 3, 2)
+    with pytest.raises(C.CollectiveError, match="unknown collective 'broadcast'"):
+        C.layout("broadcast", 1 << 20, 4)
+    with pytest.raises(C.CollectiveError, match="at least 2 ranks"):
+        C.layout("all_gather", 1 << 20, 1)
+    with pytest.raises(C.CollectiveError, match="input has"):
+        C.execute(C.layout("all_gather", 64, 2), [np.zeros(16, np.uint32), np.zeros(8, np.uint32)])
+
+
+def test_nccl_tests_figures():
+    # 1 GB all-reduce over 8 ranks in 40 ms: algbw 200 Gb/s, busbw x 2*7/8 = 350 Gb/s.
+    bw = C.bandwidth("all_reduce", 8, 10 ** 9, 0.040)
+    assert bw.algbw_bps == pytest.approx(200e9) and bw.busbw_bps == pytest.approx(350e9)
+    assert C.bandwidth("all_gather", 4, 10 ** 9, 0.040).busbw_bps == pytest.approx(150e9)
+    with pytest.raises(C.CollectiveError):
+        C.bandwidth("all_reduce", 8, 1, 0)
+
+
+def test_alpha_beta():
+    # Ring all-reduce: 2(n-1)/n x S/B + 2(n-1) alpha.
+    t = C.alpha_beta("all_reduce", 8, 10 ** 9, 400e9, 15e-3)
+    assert t == pytest.approx(2 * 7 / 8 * 8e9 / 400e9 + 14 * 15e-3)
+    assert C.alpha_beta("all_to_all", 8, 10 ** 9, 400e9, 1e-6) == pytest.approx(7 / 8 * 8e9 / 400e9 + 1e-6)
+
+
+def test_step_model():
+    s = C.step(compute_s=1.0, comm_s=0.5, overlap=0.8)  # 0.4 s hidden under compute
+    assert s.step_s == pytest.approx(1.1) and s.waiting_share == pytest.approx(0.1 / 1.1)
+    s = C.step(compute_s=0.1, comm_s=1.0, overlap=1.0)  # overlap cannot hide more than the compute
+    assert s.exposed_s == pytest.approx(0.9) and s.step_s == pytest.approx(1.0)
+    assert C.step(1.0, 0.5, 0.0).step_s == pytest.approx(1.5)
+    with pytest.raises(C.CollectiveError, match="overlap"):
+        C.step(1.0, 0.5, 1.5)
+
+
+# ---- the ranks on soft-NICs over loopback ------------------------------------------------------
+
+def _loopback(addrs: list[str]) -> bool:
+    import socket
+    try:
+        for a in addrs:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.bind((a, 0))
+        return True
+    except OSError:
+        return False
+
+
+def _run_ranks(op: str, ranks: int, channels: int, qps: int, size: int, loss: float = 0.0):
+    """Every rank of ``op`` on its own soft-NIC (127.0.0.10+i), the NICs stepped in turn by one
+    loop; ``loss``: that share of each NIC's data packets is dropped before it leaves (seeded)."""
+    import random
+
+    from emulator.nic.loop import SoftNic
+    from emulator.nic.rc import QpConfig
+    from emulator.workload.rank import Rank
+
+    ips = [f"127.0.0.{10 + i}" for i in range(ranks)]
+    if not _loopback(ips):
+        pytest.skip("no 127.0.0.10+ on loopback")
+    lay = C.layout(op, size, ranks, channels)
+    xs = C.inputs(lay, seed=11)
+    nics = [SoftNic(ip) for ip in ips]
+    try:
+        rng = random.Random(5)
+        if loss:
+            for nic in nics:
+                send = nic._send
+
+                def lossy(qpn, parts, send=send):
+                    return 0 if rng.random() < loss else send(qpn, parts)
+                nic._send = lossy
+        cfg = QpConfig(mode="selective", rto_initial=0.02, rto_min=0.01)
+        rs = [Rank(nic, lay, r, xs[r], ips, qps=qps, config=cfg) for r, nic in enumerate(nics)]
+        ready = [r.ready() for r in rs]
+        for r in rs:
+            r.connect(ready)
+
+        def done() -> bool:
+            for nic in nics[1:]:
+                nic.step(0)
+            return all([r.progress() for r in rs])
+
+        assert nics[0].run(done, timeout=60)
+        return lay, xs, rs
+    finally:
+        for nic in nics:
+            nic.close()
+
+
+@pytest.mark.parametrize("op", C.OPS)
+def test_ranks_on_soft_nics_compute_the_operation(op):
+    lay, xs, rs = _run_ranks(op, ranks=4, channels=2, qps=3, size=4 * 2 * 3 * 4096 * 2)
+    want = C.expected(lay, xs)
+    assert all(not r.failed for r in rs)
+    assert all(np.array_equal(r.result(), want[r.rank]) for r in rs)
+    # Each rank put busbw-factor x size on the wire, no more (the ring is optimal).
+    assert all(r.sent_bytes == r.received_bytes == pytest.approx(C.BUSBW_FACTOR[op](4) * lay.size) for r in rs)
+
+
+def test_ranks_heal_loss_with_selective_repeat():
+    lay, xs, rs = _run_ranks("all_reduce", ranks=3, channels=1, qps=2, size=3 * 64 * 4096, loss=0.02)
+    want = C.expected(lay, xs)
+    assert all(np.array_equal(r.result(), want[r.rank]) for r in rs)
+    assert sum(q.stats.retransmits for r in rs for qs in r.out.values() for q in qs) > 0
