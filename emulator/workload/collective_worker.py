@@ -22,12 +22,12 @@ import random
 import select
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from emulator.workload import collectives as C
 from emulator.workload.rank import Rank, RankReady
 from emulator.workload.records import QpFigures
-from emulator.workload.worker import add_nic_options, nic_for, qp_config, qp_figures
+from emulator.workload.worker import add_nic_options, emit, nic_for, qp_config, qp_figures
 
 
 @dataclass(frozen=True)
@@ -57,11 +57,6 @@ class RankResult:
     @classmethod
     def from_dict(cls, d: dict) -> "RankResult":
         return cls(d["rank"], d["nic"], [QpFigures(**q) for q in d["qps"]])
-
-
-def _emit(kind: str, record) -> None:
-    sys.stdout.write(json.dumps({kind: record if isinstance(record, (str, list)) else asdict(record)}) + "\n")
-    sys.stdout.flush()
 
 
 class Orders:
@@ -105,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = qp_config(a.mode, a.rate, a.rtt, a.qps * peers_out, a.dilation, a.window)
     rank = Rank(nic, lay, a.rank, data, ips, a.qps, cfg, initial_psn=lambda: random.randrange(1 << 24))
     orders = Orders()
-    _emit("ready", rank.ready())
+    emit("ready", rank.ready())
     rank.connect([RankReady.from_dict(p) for p in orders.next()["peers"]])
     iteration = 0
     while (cmd := orders.next(nic)) == "go":
@@ -116,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = nic.run(rank.progress, a.timeout) and not rank.failed
         seconds = time.monotonic() - start
         digest = hashlib.sha256(rank.result().tobytes()).hexdigest()
-        _emit("done", RunFigures(iteration, ok, seconds, start, digest, rank.sent_bytes - sent0,
+        emit("done", RunFigures(iteration, ok, seconds, start, digest, rank.sent_bytes - sent0,
                                  rank.received_bytes - recv0, rank.failed[:20]))
         if not ok:
             break
@@ -125,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     while cmd != "stop":
         cmd = orders.next(nic)
     qps = [q for qs in (*rank.out.values(), *rank.inq.values()) for q in qs]
-    _emit("result", RankResult(a.rank, nic.stats(), [qp_figures(q, a.dilation, None) for q in qps]))
+    emit("result", RankResult(a.rank, nic.stats(), [qp_figures(q, a.dilation, None) for q in qps]))
     return 0
 
 

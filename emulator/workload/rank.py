@@ -21,35 +21,23 @@ import numpy as np
 
 from emulator.nic.rc import QpConfig, SUCCESS
 from emulator.workload import collectives as C
-from emulator.workload.records import QpEndpoint
-
-
-@dataclass(frozen=True)
-class Inbound:
-    """The receiving side of one link: its QPs and the staging region the sender writes into."""
-
-    qps: list[QpEndpoint]
-    rkey: int
-    va: int
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Inbound":
-        return cls([QpEndpoint(**q) for q in d["qps"]], d["rkey"], d["va"])
+from emulator.workload.records import FlowEndpoint, QpEndpoint
 
 
 @dataclass(frozen=True)
 class RankReady:
     """What a rank tells the others to connect: per peer it sends to, its QPs; per peer it
-    receives from, its QPs and staging region. Keys are the peers' ranks."""
+    receives from, its QPs and the staging region that peer writes into (a transfer's target
+    flow, records.FlowEndpoint). Keys are the peers' ranks."""
 
     rank: int
     out: dict[int, list[QpEndpoint]]
-    inbound: dict[int, Inbound]
+    inbound: dict[int, FlowEndpoint]
 
     @classmethod
     def from_dict(cls, d: dict) -> "RankReady":
         return cls(d["rank"], {int(k): [QpEndpoint(**q) for q in v] for k, v in d["out"].items()},
-                   {int(k): Inbound.from_dict(v) for k, v in d["inbound"].items()})
+                   {int(k): FlowEndpoint.from_dict(v) for k, v in d["inbound"].items()})
 
 
 @dataclass
@@ -126,7 +114,7 @@ class Rank:
     def ready(self) -> RankReady:
         ep = lambda qs: [QpEndpoint(q.qpn, q.ipsn, q.offers_sack) for q in qs]  # noqa: E731
         return RankReady(self.rank, {d: ep(qs) for d, qs in self.out.items()},
-                         {s: Inbound(ep(qs), self.staging[s].rkey, self.staging[s].va) for s, qs in self.inq.items()})
+                         {s: FlowEndpoint(ep(qs), self.staging[s].rkey, self.staging[s].va) for s, qs in self.inq.items()})
 
     def connect(self, peers: list[RankReady]) -> None:
         by_rank = {p.rank: p for p in peers}

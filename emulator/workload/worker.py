@@ -97,7 +97,8 @@ def pattern(size: int, seed: int) -> bytearray:
     return out
 
 
-def _emit(kind: str, record) -> None:
+def emit(kind: str, record) -> None:
+    """One named record to the orchestrator, a JSON line."""
     sys.stdout.write(json.dumps({kind: asdict(record)}) + "\n")
     sys.stdout.flush()
 
@@ -196,7 +197,7 @@ def serve(a: argparse.Namespace) -> int:
     qps = [q for g in groups for q in g]
     for i, qp in enumerate(qps):
         qp.post_recv(i, bytearray(0))
-    _emit("ready", TargetReady([FlowEndpoint(_ready(g), mr.rkey, mr.va) for g, mr in zip(groups, regions)]))
+    emit("ready", TargetReady([FlowEndpoint(_ready(g), mr.rkey, mr.va) for g, mr in zip(groups, regions)]))
     for g, flow in zip(groups, SendersReady.from_dict(_read()).senders):
         _connect(g, flow.qps)
     rec = Recorder(nic, qps, a.sample, a.t0 or time.monotonic())
@@ -220,7 +221,7 @@ def serve(a: argparse.Namespace) -> int:
     while not told():
         nic.step(0.01)
         rec.tick()
-    _emit("result", TargetResult(ok, [hashlib.sha256(mr.buffer).hexdigest() for mr in regions], nic.stats(),
+    emit("result", TargetResult(ok, [hashlib.sha256(mr.buffer).hexdigest() for mr in regions], nic.stats(),
                                  rec.as_dict(), [qp_figures(q, a.dilation, done.get(q.qpn)) for q in qps]))
     return 0
 
@@ -229,7 +230,7 @@ def send(a: argparse.Namespace) -> int:
     nic, (qps,) = _open(a, [a.peer])
     data = pattern(a.size, a.seed)
     digest = hashlib.sha256(data).hexdigest()
-    _emit("ready", SenderReady(_ready(qps)))
+    emit("ready", SenderReady(_ready(qps)))
     peer = FlowEndpoint.from_dict(_read())  # the target's flow for us: its QPs, R_Key and address
     _connect(qps, peer.qps)
     view = memoryview(data)
@@ -260,7 +261,7 @@ def send(a: argparse.Namespace) -> int:
     ok = _run(nic, rec, finished, a.timeout)
     seconds = time.monotonic() - start
     rec.tick()
-    _emit("result", SenderResult(ok and not failed, digest, seconds, a.size, start - (a.t0 or start),
+    emit("result", SenderResult(ok and not failed, digest, seconds, a.size, start - (a.t0 or start),
                                  a.size * 8 / seconds if ok and not failed else 0.0, failed[:20], nic.stats(),
                                  rec.as_dict(), [qp_figures(q, a.dilation, completed.get(q.qpn)) for q in qps]))
     return 0
