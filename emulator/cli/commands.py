@@ -50,16 +50,21 @@ def doctor(as_json: bool) -> None:
 @click.option("--dilation", default=None, metavar="D|realtime|faithful",
               help="Run every time x D and every byte x scale*D, replacing the topology's dilation "
                    "(realtime: D = 1; faithful: D = 1/scale, real bytes and true per-packet granularity).")
+@click.option("--scale", type=float, default=None, metavar="S",
+              help="Run every rate x S, replacing the topology's scale: what this machine's CPU keeps up with "
+                   "(a QEMU guest without KVM, about 20x slower, needs about 1/200 of the default; raise the "
+                   "dilation by as much to keep the bytes).")
 @click.option("--json", "as_json", is_flag=True)
 @core
-def up(topology: str | None, name: str, no_wan_delay: bool, dilation: str | None, as_json: bool) -> None:
+def up(topology: str | None, name: str, no_wan_delay: bool, dilation: str | None, scale: float | None,
+       as_json: bool) -> None:
     """Build a fabric from TOPOLOGY (default: topologies/cross-dc.yaml) and keep it up."""
     need_root("up")
     path = os.path.abspath(topology) if topology else str(DEFAULT_TOPOLOGY)
     # Bad input fails here, before any effect.
-    fabric_plan = plan_mod.build(spec.load(path, spec.parse_dilation(dilation)), name)
+    fabric_plan = plan_mod.build(spec.load(path, spec.parse_dilation(dilation), scale), name)
     check_machine(fabric_plan, wan_delay=not no_wan_delay)
-    reply = client.spawn(name, path, wan_delay=not no_wan_delay, dilation=dilation)
+    reply = client.spawn(name, path, wan_delay=not no_wan_delay, dilation=dilation, scale=scale)
     if as_json:
         click.echo(json.dumps(reply, indent=2))
         return

@@ -6,6 +6,7 @@ import math
 import os
 import signal
 import time
+from dataclasses import dataclass
 
 import click
 
@@ -193,6 +194,43 @@ def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, tran
         raise errors.MeasurementError("the transfer did not complete intact")
 
 
+admission_option = click.option(
+    "--admission", type=click.IntRange(0, collective.MAX_ADMISSION), default=None,
+    help="Receiver-driven admission: receivers clear this many messages per link and channel ahead and "
+         "senders write only what is cleared (Meta's clear-to-send); 0: none [default: the profile's, else 0].")
+
+
+@dataclass
+class _Settings:
+    """A collective's transport as the options and the job profile set it, and what that
+    profile asks of the fabric that it cannot give (``notes``)."""
+
+    profile: profiles.JobProfile | None
+    qps: int
+    transport: str
+    dcqcn: str | None
+    admission: int
+    notes: list[str]
+    ebpf: bool  # the fabric's switches run the eBPF datapath, whose hash can be set
+
+    def apply(self, name: str) -> None:
+        """Set the switches' hash as the profile has it (the one thing it changes on the fabric)."""
+        if self.profile is not None and self.ebpf:
+            client.request(name, {"op": "set_hash", "hash": self.profile.hash})
+            self.notes.insert(0, f"profile {self.profile.name}: the switches now hash {self.profile.hash}")
+
+
+def _settings(fspec, profile: str | None, qps: int | None, transport: str | None, dcqcn: str | None,
+              admission: int | None) -> _Settings:
+    prof = profiles.PROFILES[profile] if profile else None
+    return _Settings(prof, qps or (prof.qps if prof else fspec.nic.qps_per_pair),
+                     transport or (prof.transport if prof else fspec.nic.transport),
+                     dcqcn or (prof.dcqcn if prof else None),
+                     admission if admission is not None else (prof.admission if prof else 0),
+                     profiles.differences(prof, fspec.pfc.enabled, fspec.ecmp.datapath) if prof else [],
+                     fspec.ecmp.datapath == "ebpf")
+
+
 @run_group.command(name="collective")
 @name_option
 @click.argument("op", type=click.Choice([o.replace("_", "-") for o in collectives.OPS]))
@@ -208,16 +246,17 @@ def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, tran
 @click.option("--dcqcn", type=click.Choice(list(spec.DCQCN_PROFILES)), default=None,
               help="DCQCN profile the NICs run [default: the topology's nic.dcqcn].")
 @click.option("--profile", type=click.Choice(sorted(profiles.PROFILES)), default=None,
-              help="Set the switches' hash, QPs, transport and DCQCN as a deployment ran them (the options above "
-                   "override it); what the fabric cannot give it is said.")
+              help="Set the switches' hash, QPs, transport, DCQCN and admission as a deployment ran them (the "
+                   "other options override it); what the fabric cannot give it is said.")
+@admission_option
 @click.option("--iters", type=click.IntRange(1, 1000), default=1, show_default=True)
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
               help="Give up on a run after this many seconds.")
 @click.option("--json", "as_json", is_flag=True)
 @core
 def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps: int | None,
-                   transport: str | None, dcqcn: str | None, profile: str | None, iters: int, timeout: float,
-                   as_json: bool) -> None:
+                   transport: str | None, dcqcn: str | None, profile: str | None, admission: int | None, iters: int,
+                   timeout: float, as_json: bool) -> None:
     """Run collective OP (all-reduce, all-gather, reduce-scatter, all-to-all) across HOSTS'
     soft-NICs ITERS times, check every rank's result, and report size, time, algbw and busbw as
     nccl-tests does, in the real fabric's units and the emulated ones, beside the alpha-beta model."""
@@ -231,25 +270,19 @@ def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps
     fspec = fabric_plan.spec
     op = op.replace("-", "_")
     ranks = [h for h in hosts.split(",") if h]
-    prof = profiles.PROFILES[profile] if profile else None
-    qps = qps or (prof.qps if prof else fspec.nic.qps_per_pair)
-    transport = transport or (prof.transport if prof else fspec.nic.transport)
-    dcqcn = dcqcn or (prof.dcqcn if prof else None)
-    collective.check_request(fabric_plan, op, ranks, nbytes, channels, qps, transport, iters, timeout,
-                             capabilities.mem_available())
-    notes = profiles.differences(prof, fspec.pfc.enabled, fspec.ecmp.datapath) if prof else []
-    if prof and fspec.ecmp.datapath == "ebpf":
-        client.request(name, {"op": "set_hash", "hash": prof.hash})
-        notes.insert(0, f"profile {prof.name}: the switches now hash {prof.hash}")
+    st = _settings(fspec, profile, qps, transport, dcqcn, admission)
+    collective.check_request(fabric_plan, op, ranks, nbytes, channels, st.qps, st.transport, iters, timeout,
+                             capabilities.mem_available(), st.admission)
+    st.apply(name)
     try:
-        r = collective.run(fabric_plan, op, ranks, nbytes, channels, qps, transport, iters, timeout,
-                           cc=transfer.choose_profile(fspec, dcqcn))
+        r = collective.run(fabric_plan, op, ranks, nbytes, channels, st.qps, st.transport, iters, timeout,
+                           cc=transfer.choose_profile(fspec, st.dcqcn), admission=st.admission)
     except transfer.WorkerFailed as e:
         gone = fabric_gone(name)
         if gone:
             raise errors.MeasurementError(f"fabric {name!r} went away during the collective ({gone}); {e}") from None
         raise
-    body = {**r.as_dict(), "profile": profile, "notes": notes, "wan_delay": fabric.wan_delay}
+    body = {**r.as_dict(), "profile": profile, "notes": st.notes, "wan_delay": fabric.wan_delay}
     if as_json:
         click.echo(json.dumps(body, indent=2))
     else:
@@ -273,13 +306,16 @@ def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps
               help="QPs per link [default: the topology's nic.qps_per_pair].")
 @click.option("--transport", type=click.Choice(spec.TRANSPORTS), default=None)
 @click.option("--dcqcn", type=click.Choice(list(spec.DCQCN_PROFILES)), default=None)
+@click.option("--profile", type=click.Choice(sorted(profiles.PROFILES)), default=None,
+              help="The all-reduce's job profile, as for run collective.")
+@admission_option
 @click.option("--iters", type=click.IntRange(1, 1000), default=1, show_default=True)
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @core
 def run_training(name: str, params: str, bytes_per_param: int, hosts: str, compute: str, overlap: float,
-                 channels: int, qps: int | None, transport: str | None, dcqcn: str | None, iters: int,
-                 timeout: float, as_json: bool) -> None:
+                 channels: int, qps: int | None, transport: str | None, dcqcn: str | None, profile: str | None,
+                 admission: int | None, iters: int, timeout: float, as_json: bool) -> None:
     """A training step: COMPUTE, then (or, OVERLAP of it, during) the all-reduce of PARAMS'
     gradients across GPUS, measured on the fabric; gives the step time and the share of it spent
     waiting on the network, in the real fabric's time."""
@@ -297,20 +333,20 @@ def run_training(name: str, params: str, bytes_per_param: int, hosts: str, compu
     fspec = fabric_plan.spec
     tm = fspec.time
     ranks = [h for h in hosts.split(",") if h]
-    qps = qps or fspec.nic.qps_per_pair
-    transport = transport or fspec.nic.transport
+    st = _settings(fspec, profile, qps, transport, dcqcn, admission)
     size = tm.size(grads)  # the gradients are the real fabric's bytes: x s*d on the NICs
-    collective.check_request(fabric_plan, "all_reduce", ranks, size, channels, qps, transport, iters, timeout,
-                             capabilities.mem_available())
-    r = collective.run(fabric_plan, "all_reduce", ranks, size, channels, qps, transport, iters, timeout,
-                       cc=transfer.choose_profile(fspec, dcqcn))
+    collective.check_request(fabric_plan, "all_reduce", ranks, size, channels, st.qps, st.transport, iters, timeout,
+                             capabilities.mem_available(), st.admission)
+    st.apply(name)
+    r = collective.run(fabric_plan, "all_reduce", ranks, size, channels, st.qps, st.transport, iters, timeout,
+                       cc=transfer.choose_profile(fspec, st.dcqcn), admission=st.admission)
     if not (r.intact and r.complete):
         raise errors.MeasurementError("the gradients' all-reduce did not complete with every rank's result right")
     st = collectives.step(compute_s, tm.real_time(r.time_s), overlap)
     body = {"params": units.parse_count(params), "bytes_per_param": bytes_per_param, "gradient_bytes": grads,
             "compute_s": compute_s, "overlap": overlap, "comm_s": st.comm_s, "exposed_s": st.exposed_s,
             "step_s": st.step_s, "waiting_share": st.waiting_share,
-            "collective": {**r.as_dict(), "wan_delay": fabric.wan_delay}}
+            "collective": {**r.as_dict(), "profile": profile, "notes": st.notes, "wan_delay": fabric.wan_delay}}
     if as_json:
         click.echo(json.dumps(body, indent=2))
         return

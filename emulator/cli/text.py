@@ -389,6 +389,12 @@ def format_adaptive(a: dict) -> list[str]:
     return lines
 
 
+def _admission(window: int) -> str:
+    if not window:
+        return "no admission (senders write when they hold the data)"
+    return f"receiver-driven admission (clear-to-send, {window} message(s) per link and channel)"
+
+
 def format_collective(body: dict) -> list[str]:
     """A collective as nccl-tests reports one (size, time, algbw, busbw), in the real fabric's
     units and the emulated ones, with the alpha-beta model beside it."""
@@ -402,7 +408,7 @@ def format_collective(body: dict) -> list[str]:
     lines = [tm.line(),
              f"{r['op']} over {n} hosts {where}, {how}; "
              f"{r['channels']} channel(s) x {r['qps']} QP(s) per link, {r['transport']}, {r['rate_control']}, "
-             f"line {units.format_rate(tm.real_rate(r['line_rate_bps']))}"]
+             f"{_admission(r.get('admission', 0))}, line {units.format_rate(tm.real_rate(r['line_rate_bps']))}"]
     status = "intact" if r["intact"] else ("NOT INTACT" if r["complete"] else "INCOMPLETE")
     lines.append(f"  {status}: every rank's result {'equals' if r['intact'] else 'was checked against'} the "
                  f"operation's (SHA-256), {len(r['times_s'])} of {r['iters']} run(s)")

@@ -78,11 +78,13 @@ def running(name: str) -> RunningFabric:
     """The running fabric ``name``: its plan built from the very topology text and dilation its
     controller was built from (the file may have changed since ``up``)."""
     reply = request(name, {"op": "plan"})
-    fabric_spec = spec.from_text(reply["topology"], reply["source"], spec.parse_dilation(reply["dilation"]))
+    fabric_spec = spec.from_text(reply["topology"], reply["source"], spec.parse_dilation(reply["dilation"]),
+                                 reply.get("scale"))
     return RunningFabric(plan_mod.build(fabric_spec, name), bool(reply["wan_delay"]))
 
 
-def spawn(name: str, topology: str, wan_delay: bool, timeout: float = 600, dilation: str | None = None) -> dict:
+def spawn(name: str, topology: str, wan_delay: bool, timeout: float = 600, dilation: str | None = None,
+          scale: float | None = None) -> dict:
     """Start a controller for fabric ``name`` and wait until it reports the fabric up or failed."""
     rec = state.read_record(name)
     if rec is not None:
@@ -100,6 +102,8 @@ def spawn(name: str, topology: str, wan_delay: bool, timeout: float = 600, dilat
         argv.append("--no-wan-delay")
     if dilation is not None:
         argv += ["--dilation", dilation]
+    if scale is not None:
+        argv += ["--scale", repr(scale)]
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     try:

@@ -51,10 +51,11 @@ def _error_payload(e: BaseException) -> dict:
 
 class Controller:
     def __init__(self, fabric: Fabric, topology_text: str = "", topology_path: str = "",
-                 dilation: str | None = None) -> None:
+                 dilation: str | None = None, scale: float | None = None) -> None:
         self.fabric = fabric
         self.plan = fabric.plan
         self.topology_text, self.topology_path, self.dilation = topology_text, topology_path, dilation
+        self.scale = scale
         self.started_at = time.time()
         self.guard = None  # telemetry.FidelityGuard, from the first stats request on
         self.hash_mode = self.plan.spec.ecmp.hash  # set_hash changes it while the fabric runs
@@ -98,9 +99,9 @@ class Controller:
 
     def _plan(self, request: dict) -> dict:
         """What the fabric was built from, so a client builds the very same plan: the topology
-        as it was read at ``up`` (the file may have changed since), and the dilation."""
+        as it was read at ``up`` (the file may have changed since), and the dilation and scale."""
         return {"ok": True, "topology": self.topology_text, "source": self.topology_path,
-                "dilation": self.dilation, "name": self.plan.name, "wan_delay": self.fabric.wan_delay}
+                "dilation": self.dilation, "scale": self.scale, "name": self.plan.name, "wan_delay": self.fabric.wan_delay}
 
     def _fidelity(self, request: dict) -> dict:
         # A run's fidelity: {"op": "fidelity"} marks its start and answers the mark's id;
@@ -351,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topology", required=True)
     ap.add_argument("--no-wan-delay", action="store_true")
     ap.add_argument("--dilation", default=None, help="replaces the topology's (a preset's name or a number)")
+    ap.add_argument("--scale", type=float, default=None, help="replaces the topology's")
     ap.add_argument("--ready-fd", type=int, required=True)
     a = ap.parse_args(argv)
     ready = os.fdopen(a.ready_fd, "w")
@@ -363,8 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         topology = os.path.abspath(a.topology)
         text = spec.read_text(topology)
-        fabric_plan = plan_mod.build(spec.from_text(text, topology, spec.parse_dilation(a.dilation)), a.name)
-        state.write_record(a.name, topology, not a.no_wan_delay, a.dilation)
+        fabric_plan = plan_mod.build(spec.from_text(text, topology, spec.parse_dilation(a.dilation), a.scale),
+                                     a.name)
+        state.write_record(a.name, topology, not a.no_wan_delay, a.dilation, a.scale)
         fabric = Fabric(fabric_plan, wan_delay=not a.no_wan_delay, datapath_builder=install.build)
         fabric.start()
         path = state.socket_path(a.name)
@@ -379,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "wan_delay": fabric.wan_delay}) + "\n")
         ready.close()
         ready = None
-        Controller(fabric, text, topology, a.dilation).serve(listener)
+        Controller(fabric, text, topology, a.dilation, a.scale).serve(listener)
         return 0
     except _Stop:
         return 0

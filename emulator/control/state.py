@@ -54,16 +54,18 @@ class ControllerRecord:
     topology: str
     wan_delay: bool
     dilation: str | None = None  # `up --dilation` as given, replacing the topology's (None: the file's)
+    scale: float | None = None  # `up --scale`, likewise
 
     def alive(self) -> bool:
         return process_start_time(self.pid) == self.start_time and not _zombie(self.pid)
 
 
-def write_record(name: str, topology: str, wan_delay: bool, dilation: str | None = None) -> ControllerRecord:
+def write_record(name: str, topology: str, wan_delay: bool, dilation: str | None = None,
+                 scale: float | None = None) -> ControllerRecord:
     d = fabric_dir(name)
     d.mkdir(parents=True, exist_ok=True)
     pid = os.getpid()
-    rec = ControllerRecord(pid, process_start_time(pid) or 0, topology, wan_delay, dilation)
+    rec = ControllerRecord(pid, process_start_time(pid) or 0, topology, wan_delay, dilation, scale)
     tmp = d / "controller.json.tmp"
     tmp.write_text(json.dumps(asdict(rec)))
     tmp.rename(d / "controller.json")

@@ -94,7 +94,23 @@ class RouterNode(FabricNode):
                 netns.write_sysctl(self.name, key, "1")
                 if netns.read_sysctl(self.name, key) != "1":
                     raise FabricError(f"{self.name}: {key} did not take")
+            if plan.node(port.peer_node).role == "fiber":
+                self._pin_neighbour(port, plan.next_hop(port))
         install_routes(self, plan.routes[self.plan_node.name])
+
+    def _pin_neighbour(self, port: Port, far: Port) -> None:
+        # ARP gives up after three probes a second apart, and a fiber's round trip as dilated
+        # is longer than that (6 s at d = 200): the far border's MAC is planned, so pin it.
+        where = f"{self.name}:{port.ifname}"
+        index = self.ipr.link_lookup(ifname=port.ifname)[0]
+        try:
+            self.ipr.neigh("replace", dst=str(far.address.ip), lladdr=far.mac, ifindex=index,
+                           state="permanent")
+        except NetlinkError as e:
+            raise FabricError(f"{where}: pinning neighbour {far.address.ip} ({far.mac}) failed: {e}") from None
+        have = {(n.get_attr("NDA_DST"), n.get_attr("NDA_LLADDR")) for n in self.ipr.get_neighbours(ifindex=index)}
+        if (str(far.address.ip), far.mac) not in have:
+            raise FabricError(f"{where}: neighbour {far.address.ip} ({far.mac}) missing after pinning it")
 
 
 class FiberNode(FabricNode):

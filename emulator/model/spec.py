@@ -438,15 +438,16 @@ def read_text(path: str | Path) -> str:
                                   "UTF-8 (a topology is YAML text)") from None
 
 
-def load(path: str | Path, dilation: float | str | None = None) -> FabricSpec:
-    """Read and validate a topology file; ``dilation`` (``up --dilation``) replaces the file's."""
-    return from_text(read_text(path), str(path), dilation)
+def load(path: str | Path, dilation: float | str | None = None, scale: float | None = None) -> FabricSpec:
+    """Read and validate a topology file; ``dilation`` and ``scale`` (``up --dilation``,
+    ``up --scale``) replace the file's."""
+    return from_text(read_text(path), str(path), dilation, scale)
 
 
-def from_text(text: str, file: str, dilation: float | str | None = None) -> FabricSpec:
-    """Validate a topology's text (read from ``file``); ``dilation`` replaces the file's."""
+def from_text(text: str, file: str, dilation: float | str | None = None, scale: float | None = None) -> FabricSpec:
+    """Validate a topology's text (read from ``file``); ``dilation`` and ``scale`` replace the file's."""
     out = parse(text, file)
-    return out if dilation is None else with_dilation(out, dilation)
+    return out if dilation is None and scale is None else with_time(out, scale, dilation)
 
 
 def load_yaml(text: str, file: str) -> Any:
@@ -524,12 +525,26 @@ def parse_dilation(text: str | None) -> float | str | None:
         return text.strip()
 
 
-def with_dilation(spec: FabricSpec, dilation: float | str, where: str = "--dilation") -> FabricSpec:
-    """``spec`` run at another dilation (``up --dilation``), checked as the file's own would be."""
-    tm = time_model(spec.scale, dilation, spec.source, where)
-    out = replace(spec, dilation=tm.dilation, dilation_preset=tm.preset)
+def with_time(spec: FabricSpec, scale: float | None = None, dilation: float | str | None = None) -> FabricSpec:
+    """``spec`` run at another scale (``up --scale``: what this machine's CPU keeps up with) and
+    dilation (``up --dilation``), either kept when None (a preset follows the scale: faithful
+    stays 1/scale), checked as the file's own would be."""
+    where = "--dilation" if dilation is not None else "--scale"
+    if scale is not None:
+        try:
+            scale = _scale(scale)
+        except ValueError as e:
+            raise SpecError(spec.source, "--scale", str(e)) from None
+    tm = time_model(spec.scale if scale is None else scale,
+                    dilation if dilation is not None else (spec.dilation_preset or spec.dilation), spec.source, where)
+    out = replace(spec, scale=tm.scale, dilation=tm.dilation, dilation_preset=tm.preset)
     _check_whole(_Reader(spec.source), out, {})
     return out
+
+
+def with_dilation(spec: FabricSpec, dilation: float | str) -> FabricSpec:
+    """``spec`` run at another dilation (``up --dilation``)."""
+    return with_time(spec, dilation=dilation)
 
 
 def _latency(r: _Reader, top: dict) -> Latency:

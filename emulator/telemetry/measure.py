@@ -46,9 +46,13 @@ def rtt(plan: FabricPlan, src: str, dst: str, count: int = 5, interval: float = 
     The warm-up's reply is left out: its packet resolves the neighbours of every hop on the way
     (across a 15 ms fiber that alone costs a round trip), which is set-up, not the path's RTT."""
     address = str(plan.host_address(dst))
-    timeout = (count + 1) * interval + 5
+    # A reply may take the fabric's longest round trip as dilated (6 s at d = 200 across the
+    # DCs): wait for three of them, and never less than ping's usual 2 s.
+    longest = 2 * (plan.wan_delay_s() + plan.spec.emulated_time(plan.spec.intra_dc_one_way_s()))
+    wait = max(2.0, 3 * longest)
+    timeout = (count + 1) * interval + wait + 5
     done = netns.run(plan.netns(src), ["ping", "-n", "-c", str(count + 1), "-i", str(interval),
-                                       "-W", "2", address], timeout=timeout + 5)
+                                       "-W", f"{wait:g}", address], timeout=timeout + 5)
     summary = _PING_SUMMARY.search(done.stdout)
     times = [float(t) / 1e3 for seq, t in _PING_REPLY.findall(done.stdout) if int(seq) > 1]
     if not summary or not times:

@@ -30,6 +30,7 @@ from emulator.workload.worker import nic_burst
 
 MAX_QPS = 64  # per link: NCCL's connections use a few; 16 is Meta's
 MAX_CHANNELS = 32
+MAX_ADMISSION = 64  # clear-to-send window; NCCL's buffers hold 8 steps (NCCL_STEPS)
 # Bytes each rank's host holds per byte of the collective's size (input, working buffer,
 # staging for each message and the copies in flight), and the orchestrator per rank (inputs and
 # expected results).
@@ -59,6 +60,7 @@ class CollectiveResult:
     alpha_s: float  # the step latency: half the longest hop's RTT (wall)
     model_s: float  # the alpha-beta model's time at the line rate and that alpha (wall)
     rate_control: str
+    admission: int  # clear-to-send window per link and channel (0: none)
     retransmits: int
     timeouts: int
     data_packets: int
@@ -70,7 +72,7 @@ class CollectiveResult:
 
 
 def check_request(plan, op: str, hosts: list[str], size: int, channels: int, qps: int, transport: str,
-                  iters: int, timeout: float, mem_available: int | None = None) -> C.Layout:
+                  iters: int, timeout: float, mem_available: int | None = None, admission: int = 0) -> C.Layout:
     """Refuse, before anything starts, a collective that cannot be; its layout otherwise."""
     if op not in C.OPS:
         raise UsageError(f"unknown collective {op!r}: one of {', '.join(C.OPS)}")
@@ -87,6 +89,8 @@ def check_request(plan, op: str, hosts: list[str], size: int, channels: int, qps
         raise UsageError(f"transport {transport!r}: use one of {', '.join(MODES)}")
     if iters < 1:
         raise UsageError(f"{iters} iterations: run at least one")
+    if not 0 <= admission <= MAX_ADMISSION:
+        raise UsageError(f"admission window {admission}: 0 (none) to {MAX_ADMISSION} messages per link and channel")
     if not timeout > 0:
         raise UsageError(f"timeout {timeout:g} s: give a time above 0")
     try:
@@ -121,12 +125,15 @@ def _gather(workers: list[Worker], key: str, when: str, wait: float) -> list[dic
 
 def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int = 1, transport: str = "selective",
         iters: int = 1, timeout: float = 300.0, seed: int = 1, cc: dcqcn.Profile | None = None,
-        on_start=None) -> CollectiveResult:
+        on_start=None, admission: int = 0) -> CollectiveResult:
     """Run ``op`` of ``size`` bytes (nccl-tests' size, as the NICs move it) across ``hosts`` in
     ring order, ``iters`` times, and check every rank's result. The NICs send at the host
     link's rate and run ``cc`` (real units; None or ``off``: none), scaled by the time model.
+    ``admission`` > 0: receivers clear that many messages per link and channel ahead (Meta's
+    clear-to-send), senders write only what is cleared.
     Every figure in the result is emulated (wall seconds, emulated bytes and rates)."""
-    lay = check_request(plan, op, hosts, size, channels, qps, transport, iters, timeout, capabilities.mem_available())
+    lay = check_request(plan, op, hosts, size, channels, qps, transport, iters, timeout, capabilities.mem_available(),
+                        admission)
     ports = [_host_port(plan, h) for h in hosts]
     rate = ports[0].egress.rate_bps
     ips = [str(p.address.ip) for p in ports]
@@ -144,7 +151,7 @@ def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int 
               "--qps", str(qps), "--size", str(lay.size), "--mode", transport, "--rate", str(rate),
               "--burst", str(burst), "--rtt", str(window_rtt), "--timeout", str(timeout),
               "--cc", json.dumps(asdict(running)) if running else "", "--dilation", repr(tm.dilation),
-              "--window", plan.spec.nic.window]
+              "--window", plan.spec.nic.window, "--admission", str(admission)]
     want = [hashlib.sha256(x.tobytes()).hexdigest() for x in C.expected(lay, C.inputs(lay, seed))]
     py = [sys.executable, "-m", "emulator.workload.collective_worker"]
     workers: list[Worker] = []
@@ -187,7 +194,7 @@ def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int 
         bw.algbw_bps if bw else 0.0, bw.busbw_bps if bw else 0.0, C.BUSBW_FACTOR[op](n), rate,
         cross_dc=len({plan.node(h).dc for h in hosts}) > 1, hop_rtts_s=hops, alpha_s=alpha,
         model_s=C.alpha_beta(op, n, lay.size, rate, alpha),
-        rate_control=f"DCQCN {running.name}" if running else "none (line-rate pacing only)",
+        rate_control=f"DCQCN {running.name}" if running else "none (line-rate pacing only)", admission=admission,
         retransmits=sum(q.retransmits for q in qp_all), timeouts=sum(q.timeouts for q in qp_all),
         data_packets=sum(q.data_packets for q in qp_all),
         ranks=[{"rank": r, "host": h, "runs": [asdict(run_[r]) for run_ in runs], "nic": res.nic,

@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ips", required=True, help="every rank's address, in rank order, comma-separated")
     ap.add_argument("--channels", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--admission", type=int, default=0, help="clear-to-send window per link and channel (0: none)")
     add_nic_options(ap)
     a = ap.parse_args(argv)
     ips = a.ips.split(",")
@@ -98,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     # The QPs this rank sends on, all at once: those to each peer it sends to.
     peers_out = len({s.dst for s in C.schedule(lay) if s.src == a.rank})
     cfg = qp_config(a.mode, a.rate, a.rtt, a.qps * peers_out, a.dilation, a.window)
-    rank = Rank(nic, lay, a.rank, data, ips, a.qps, cfg, initial_psn=lambda: random.randrange(1 << 24))
+    rank = Rank(nic, lay, a.rank, data, ips, a.qps, cfg, initial_psn=lambda: random.randrange(1 << 24),
+                admission=a.admission)
     orders = Orders()
     emit("ready", rank.ready())
     rank.connect([RankReady.from_dict(p) for p in orders.next()["peers"]])

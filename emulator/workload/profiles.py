@@ -4,7 +4,8 @@ cannot change) is checked against the fabric and every difference said, never pa
 
 - ``meta``: Gangidi et al., SIGCOMM 2024: E-ECMP hashing the destination QP, 16 QPs per GPU pair,
   DCQCN off, PFC for losslessness, and receiver-driven clear-to-send admission in the collective
-  library (the soft-NIC has no such admission yet: ``missing`` says so).
+  library (workload.rank: two messages per link and channel cleared ahead, so at a distance the
+  next step's clear-to-send is in the air while this step's data is).
 - ``seed``: the project's own story: QPN hashing, tuned DCQCN (NVIDIA's parameters), selective
   repeat (IRN-style), PFC with its watchdog.
 - ``baseline``: what a plain RoCE deployment does: five-tuple ECMP, one QP, go-back-N, DCQCN as
@@ -12,7 +13,7 @@ cannot change) is checked against the fabric and every difference said, never pa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,11 @@ class JobProfile:
     dcqcn: str | None  # a DCQCN profile name; None: the topology's
     pfc: bool  # the fabric should be lossless in the DCs
     pfcwd: bool  # ... with the watchdog running
-    missing: tuple[str, ...] = field(default=())  # what the profile has that the emulator does not
+    admission: int = 0  # clear-to-send window, messages per link and channel (0: none)
 
 
 PROFILES = {
-    "meta": JobProfile("meta", "qpn", 16, "go-back-n", "off", pfc=True, pfcwd=False,
-                       missing=("receiver-driven clear-to-send admission",)),
+    "meta": JobProfile("meta", "qpn", 16, "go-back-n", "off", pfc=True, pfcwd=False, admission=2),
     "seed": JobProfile("seed", "qpn", 16, "selective", "nvidia", pfc=True, pfcwd=True),
     "baseline": JobProfile("baseline", "five-tuple", 1, "go-back-n", None, pfc=False, pfcwd=False),
 }
@@ -37,8 +37,7 @@ PROFILES = {
 
 def differences(profile: JobProfile, pfc_enabled: bool, datapath: str) -> list[str]:
     """What this fabric cannot give the profile, each a sentence (empty: it runs as defined)."""
-    out = [f"profile {profile.name} has {m}, which the soft-NIC does not implement: it runs without"
-           for m in profile.missing]
+    out = []
     if profile.pfc and not pfc_enabled:
         out.append(f"profile {profile.name} runs lossless (PFC) in the DCs, and this fabric has pfc.enabled: false: "
                    "it runs lossy (up a topology with pfc.enabled: true for the profile as defined)")

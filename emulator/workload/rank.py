@@ -10,6 +10,12 @@
 - Each channel goes step by step: post this rank's sends of the step (what the rank holds after
   the steps before it, copied, since a retransmission reads its source again), then wait for the
   messages the step brings and reduce or store them. Channels progress independently.
+- With receiver-driven admission (``admission`` = w > 0, Meta's clear-to-send, SIGCOMM 2024) a
+  sender writes a message only once its receiver has cleared it: the receiver clears a link's
+  message of step k when its own channel has reached step k - w + 1, with a zero-byte SEND whose
+  immediate names the slot, on the link's first QP (RC QPs carry both ways). So no more than w
+  messages per link are ever in flight or queued towards a receiver, whatever the fabric's
+  congestion control, and each cleared step costs the receiver-to-sender latency unless w covers it.
 The rank never blocks: ``progress()`` does what can be done now and says whether all is done,
 so the NIC's loop drives it (``SoftNic.run(rank.progress, ...)``).
 """
@@ -70,9 +76,12 @@ class Rank:
     address. ``data`` is this rank's input (``lay.input_words()`` uint32 words)."""
 
     def __init__(self, nic, lay: C.Layout, rank: int, data: np.ndarray, ips: list[str], qps: int = 1,
-                 config: QpConfig | None = None, initial_psn=lambda: 0) -> None:
+                 config: QpConfig | None = None, initial_psn=lambda: 0, admission: int = 0) -> None:
         if len(ips) != lay.ranks:
             raise C.CollectiveError(f"{len(ips)} addresses for {lay.ranks} ranks")
+        if admission < 0:
+            raise C.CollectiveError(f"admission window {admission}: 0 (none) or more messages per link")
+        self.admission = admission
         self.nic, self.lay, self.rank = nic, lay, rank
         sends = C.schedule(lay)
         self.mine = [s for s in sends if s.src == rank]
@@ -90,6 +99,7 @@ class Rank:
         self.inq = {s: [nic.create_qp(ips[s], config, initial_psn=initial_psn()) for _ in range(self.ways)]
                     for s in sorted({s.src for s in self.incoming})}
         self.n_msgs = {src: sum(1 for s in self.incoming if s.src == src) for src in self.inq}
+        self.n_out = {dst: sum(1 for s in self.mine if s.dst == dst) for dst in self.out}
         self.staging = {src: nic.pd.register(bytearray(n * part)) for src, n in self.n_msgs.items()}
         self.qp_src = {q.qpn: src for src, qs in self.inq.items() for q in qs}
         self.peers: dict[int, RankReady] = {}
@@ -106,7 +116,13 @@ class Rank:
             for q in qs:
                 for i in range(self.n_msgs[src]):
                     q.post_recv(i, bytearray(0))
+        if self.admission:
+            for dst, qs in self.out.items():  # the receivers' clear-to-send
+                for i in range(self.n_out[dst]):
+                    qs[0].post_recv(i, bytearray(0))
         self.arrived: dict[tuple[int, int], int] = {}  # (src, slot) -> shares complete
+        self.cleared: set[tuple[int, int]] = set()  # (dst, slot) its receiver has cleared
+        self.granted: set[C.Send] = set()  # incoming messages this rank has cleared
         self.cur = [0] * self.lay.channels  # each channel's step
         self.posted: set[tuple[int, int]] = set()  # (step, channel) whose sends are posted
         self.pending = 0  # sends posted and not yet completed
@@ -130,6 +146,18 @@ class Rank:
     def _part(self, buf: np.ndarray, channel: int, part: int) -> np.ndarray:
         return C.parts(self.lay, buf)[channel, part]
 
+    def _clear(self) -> None:
+        """Send the clear-to-send of every incoming message now within the admission window."""
+        for s in self.incoming:
+            if s not in self.granted and s.step < self.cur[s.channel] + self.admission:
+                self.inq[s.src][0].post_send(self.slot[s], b"", imm=self.slot[s])
+                self.granted.add(s)
+                self.pending += 1
+
+    def _may_post(self, step: int, channel: int) -> bool:
+        return not self.admission or all((s.dst, self.slot[s]) in self.cleared for s in self.mine
+                                         if s.step == step and s.channel == channel)
+
     def _post(self, step: int, channel: int) -> None:
         for s in (x for x in self.mine if x.step == step and x.channel == channel):
             data = self._part(self.buf, channel, s.src_part).tobytes()  # the source stays as posted
@@ -142,12 +170,19 @@ class Rank:
         self.posted.add((step, channel))
 
     def _poll(self) -> None:
-        for qs in self.out.values():
+        for qs in (*self.out.values(), *self.inq.values()):
             for q in qs:
                 for wc in q.send_cq.poll():
                     self.pending -= 1
                     if wc.status != SUCCESS:
                         self.failed.append({"qpn": q.qpn, "wr_id": wc.wr_id, "status": wc.status})
+        if self.admission:
+            for dst, qs in self.out.items():
+                for wc in qs[0].recv_cq.poll():
+                    if wc.status != SUCCESS or wc.imm is None:
+                        self.failed.append({"qpn": qs[0].qpn, "wr_id": wc.wr_id, "status": wc.status})
+                    else:
+                        self.cleared.add((dst, wc.imm))
         for qs in self.inq.values():
             for q in qs:
                 for wc in q.recv_cq.poll():
@@ -179,14 +214,20 @@ class Rank:
         """Do what can be done now; True once the rank has its result and every send is
         acknowledged, or once something failed (``failed`` says what)."""
         self._poll()
+        if self.admission:
+            self._clear()
         for ch in range(self.lay.channels):
             while self.cur[ch] < self.n_steps and not self.failed:
                 k = self.cur[ch]
                 if (k, ch) not in self.posted:
+                    if not self._may_post(k, ch):
+                        break
                     self._post(k, ch)
                 if not self._apply(k, ch):
                     break
                 self.cur[ch] += 1
+                if self.admission:
+                    self._clear()
         return bool(self.failed) or (self.done and self.pending == 0)
 
     @property

@@ -57,3 +57,15 @@ def test_bad_requests_are_refused_before_any_work(fabric):
     bad = bp("run", "collective", "-n", fabric, "all-gather", "--hosts", "east-host0,west-host0", "--size", "4B",
              check=False)
     assert bad.returncode == 2 and "does not split" in bad.stderr
+
+
+@pytest.mark.parametrize("profile, qps, admission", [("meta", 16, 2), ("seed", 16, 0), ("baseline", 1, 0)])
+def test_each_job_profile_runs_an_all_reduce_across_both_dcs(fabric, profile, qps, admission):
+    r = json.loads(bp("run", "collective", "-n", fabric, "all-reduce", "--hosts", ",".join(HOSTS), "--size", SIZE,
+                      "--profile", profile, "--json").stdout)
+    assert r["intact"] and r["complete"] and r["profile"] == profile
+    assert r["qps"] == qps and r["admission"] == admission
+    # The switches were set to the profile's hash, and the fabric says what it could not give.
+    hashing = "five-tuple" if profile == "baseline" else "qpn"
+    assert f"the switches now hash {hashing}" in r["notes"][0]
+    assert any("pfc.enabled: false" in n for n in r["notes"]) == (profile != "baseline")

@@ -115,9 +115,11 @@ def _loopback(addrs: list[str]) -> bool:
         return False
 
 
-def _run_ranks(op: str, ranks: int, channels: int, qps: int, size: int, loss: float = 0.0):
+def _run_ranks(op: str, ranks: int, channels: int, qps: int, size: int, loss: float = 0.0, admission: int = 0,
+               watch=None):
     """Every rank of ``op`` on its own soft-NIC (127.0.0.10+i), the NICs stepped in turn by one
-    loop; ``loss``: that share of each NIC's data packets is dropped before it leaves (seeded)."""
+    loop; ``loss``: that share of each NIC's data packets is dropped before it leaves (seeded);
+    ``watch(ranks)`` is called after every round of the loop."""
     import random
 
     from emulator.nic.loop import SoftNic
@@ -140,7 +142,7 @@ def _run_ranks(op: str, ranks: int, channels: int, qps: int, size: int, loss: fl
                     return 0 if rng.random() < loss else send(qpn, parts)
                 nic._send = lossy
         cfg = QpConfig(mode="selective", rto_initial=0.02, rto_min=0.01)
-        rs = [Rank(nic, lay, r, xs[r], ips, qps=qps, config=cfg) for r, nic in enumerate(nics)]
+        rs = [Rank(nic, lay, r, xs[r], ips, qps=qps, config=cfg, admission=admission) for r, nic in enumerate(nics)]
         ready = [r.ready() for r in rs]
         for r in rs:
             r.connect(ready)
@@ -148,7 +150,10 @@ def _run_ranks(op: str, ranks: int, channels: int, qps: int, size: int, loss: fl
         def done() -> bool:
             for nic in nics[1:]:
                 nic.step(0)
-            return all([r.progress() for r in rs])
+            finished = all([r.progress() for r in rs])
+            if watch is not None:
+                watch(rs)
+            return finished
 
         assert nics[0].run(done, timeout=60)
         return lay, xs, rs
@@ -172,3 +177,42 @@ def test_ranks_heal_loss_with_selective_repeat():
     want = C.expected(lay, xs)
     assert all(np.array_equal(r.result(), want[r.rank]) for r in rs)
     assert sum(q.stats.retransmits for r in rs for qs in r.out.values() for q in qs) > 0
+
+
+def _in_flight(rs) -> dict[tuple[int, int], int]:
+    """Per link (src, dst) and channel: messages the sender has posted that the receiver has not
+    yet used."""
+    out = {}
+    for r in rs:
+        for s in r.mine:
+            if (s.step, s.channel) in r.posted and rs[s.dst].cur[s.channel] <= s.step:
+                key = (s.src, s.dst, s.channel)
+                out[key] = out.get(key, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("op", C.OPS)
+@pytest.mark.parametrize("window", [1, 2])
+def test_clear_to_send_admits_at_most_its_window_per_link_and_channel(op, window):
+    seen = []
+
+    def watch(rs):
+        seen.append(max(_in_flight(rs).values(), default=0))
+    lay, xs, rs = _run_ranks(op, ranks=4, channels=2, qps=2, size=4 * 2 * 2 * 4096 * 2, admission=window,
+                             watch=watch)
+    want = C.expected(lay, xs)
+    assert all(not r.failed for r in rs)
+    assert all(np.array_equal(r.result(), want[r.rank]) for r in rs)
+    assert max(seen) <= window
+    # Every message the rank sent was cleared by its receiver first, and only once.
+    assert all(len(r.cleared) == len(r.mine) for r in rs)
+    assert all(len(r.granted) == len(r.incoming) for r in rs)
+
+
+def test_without_admission_senders_run_ahead():
+    """The window above is the admission's doing: without it a sender posts a message as soon as
+    it holds the data, more than one per link and channel."""
+    seen = []
+    _run_ranks("all_gather", ranks=4, channels=2, qps=2, size=4 * 2 * 2 * 4096 * 2,
+               watch=lambda rs: seen.append(max(_in_flight(rs).values(), default=0)))
+    assert max(seen) > 1
