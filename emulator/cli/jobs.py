@@ -265,11 +265,25 @@ def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps
         nbytes = units.parse_size(size)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--size")
+    body = collective_job(name, op.replace("-", "_"), [h for h in hosts.split(",") if h], nbytes, channels, qps,
+                          transport, dcqcn, profile, admission, iters, timeout)
+    if as_json:
+        click.echo(json.dumps(body, indent=2))
+    else:
+        for line in format_collective(body):
+            click.echo(line)
+    if not (body["intact"] and body["complete"]):
+        raise errors.MeasurementError("the collective did not complete with every rank's result right")
+
+
+def collective_job(name: str, op: str, ranks: list[str], nbytes: int, channels: int = 1, qps: int | None = None,
+                   transport: str | None = None, dcqcn: str | None = None, profile: str | None = None,
+                   admission: int | None = None, iters: int = 1, timeout: float = 600.0) -> dict:
+    """``run collective`` without the printing: OP on fabric ``name``'s hosts ``ranks`` as the
+    options and ``profile`` set it; the report's record (bench/distance.py runs many in one process)."""
     fabric = client.running(name)
     fabric_plan = fabric.plan
     fspec = fabric_plan.spec
-    op = op.replace("-", "_")
-    ranks = [h for h in hosts.split(",") if h]
     st = _settings(fspec, profile, qps, transport, dcqcn, admission)
     collective.check_request(fabric_plan, op, ranks, nbytes, channels, st.qps, st.transport, iters, timeout,
                              capabilities.mem_available(), st.admission)
@@ -282,14 +296,7 @@ def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps
         if gone:
             raise errors.MeasurementError(f"fabric {name!r} went away during the collective ({gone}); {e}") from None
         raise
-    body = {**r.as_dict(), "profile": profile, "notes": st.notes, "wan_delay": fabric.wan_delay}
-    if as_json:
-        click.echo(json.dumps(body, indent=2))
-    else:
-        for line in format_collective(body):
-            click.echo(line)
-    if not (r.intact and r.complete):
-        raise errors.MeasurementError("the collective did not complete with every rank's result right")
+    return {**r.as_dict(), "profile": profile, "notes": st.notes, "wan_delay": fabric.wan_delay}
 
 
 @run_group.command(name="training")

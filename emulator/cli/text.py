@@ -203,7 +203,7 @@ def format_stats(body: dict, prev: dict | None = None) -> list[str]:
     lines = [f"fabric {body['name']!r}  datapath {body['datapath']}  hash {body['hash']}", tm.line()]
     if "counters" not in (body["ports"][0] if body["ports"] else {}):
         lines.append("  (kernel datapath: no per-port eBPF counters; qdisc figures only)")
-    lines += format_port_table(body["ports"], tm, before, interval)
+    lines += format_port_table(body["ports"], tm, before, interval, body.get("hash"))
     if body.get("adaptive"):
         lines += format_adaptive(body["adaptive"])
     fid = body["fidelity"]
@@ -216,7 +216,7 @@ def format_stats(body: dict, prev: dict | None = None) -> list[str]:
 
 
 def format_port_table(ports: list[dict], tm: TimeModel, before: dict | None = None,
-                      interval: float | None = None) -> list[str]:
+                      interval: float | None = None, hash_mode: str | None = None) -> list[str]:
     """One line per switch port, then each border's RoCE packets per long-haul path; rates,
     depths and the interval in the real fabric's units (``interval`` is wall seconds)."""
     before = before or {}
@@ -246,14 +246,31 @@ def format_port_table(ports: list[dict], tm: TimeModel, before: dict | None = No
             f"{c.get('drop_buffer', 0):>8} {c.get('drop_link_down', 0):>9} {bad:>7} {qd.get('drops', 0):>10}")
         if "wan_path" in p:
             paths.append(p)
+    drained = [p for p in ports if p["role"] in ("leaf", "spine", "border")
+               and not (p.get("queue") or {}).get("depth_bytes")
+               and ((p.get("counters") or {}).get("drop_buffer") or (p.get("qdisc") or {}).get("drops"))]
+    if drained:
+        lines.append("  (depth is the queue now, max its high-water mark since up: drops beside a depth of 0, as on "
+                     f"{drained[0]['node']}:{drained[0]['ifname']}, came in a burst that has drained since; buf drop "
+                     "is over the port's buffer, qdisc drop the kernel qdisc's own)")
     sent = {}
     for p in paths:
         c = p.get("counters") or {}
         sent.setdefault(p["node"], []).append((p["wan_path"], c.get("fwd_pkts", 0)))
+    unused = False
     for node, per_path in sent.items():
-        total = sum(n for _, n in per_path) or 1
+        total = sum(n for _, n in per_path)
+        if not total:
+            lines.append(f"  {node} RoCE packets per long-haul path: none sent yet")
+            continue
         shares = "  ".join(f"{i}:{n / total:.0%}" for i, n in sorted(per_path))
         lines.append(f"  {node} RoCE packets per long-haul path: {shares}")
+        unused = unused or any(n == 0 for _, n in per_path)
+    if unused:
+        key = {"five-tuple": "its UDP source port", "qpn": "its destination QPN", "qpn-psn": "its QPN and PSN",
+               "ev": "the entropy value it carries"}.get(hash_mode or "", "its hash")
+        lines.append(f"  (a path at 0% carried none of them: the border hashes each packet by {key}, so a few QPs "
+                     "can miss a path; a path down or at weight 0 gets none by design)")
     return lines
 
 

@@ -390,10 +390,15 @@ def goodput(rig: Rig, requester: str, op: str, size: int = 8 << 20, mode: str = 
 
 
 @contextmanager
-def capture(netdev: str, path: Path) -> Iterator[None]:
-    """tcpdump of every RoCEv2 packet on ``netdev`` into ``path``, for as long as the body runs."""
-    proc = subprocess.Popen(["tcpdump", "-i", netdev, "-U", "-s", "0", "-w", str(path), "udp", "port",
-                             str(wire.ROCE_PORT)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def capture(netdev: str, path: Path, ns: str | None = None) -> Iterator[None]:
+    """tcpdump of every RoCEv2 packet on ``netdev`` (in namespace ``ns``, else here) into ``path``,
+    for as long as the body runs."""
+    # -Z root: the file stays the caller's (tcpdump would hand it to its own user, which a VM's
+    # shared folder shows as whatever uid that is on the host).
+    argv = ["tcpdump", "-i", netdev, "-U", "-s", "0", "-Z", "root", "-w", str(path), "udp", "port",
+            str(wire.ROCE_PORT)]
+    proc = subprocess.Popen(netns.command(ns, argv) if ns else argv, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stderr.readline()  # "listening on ...": from here on nothing is missed
         if "listening on" not in line:

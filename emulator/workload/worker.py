@@ -51,6 +51,9 @@ RTO_MAX_WALL_S = 2.0
 RTO_FLOOR_REAL_S = 100e-6
 RTO_INITIAL_REAL_S = 320e-6
 RTO_MAX_REAL_S = 10e-3
+# And never under a few of the path's own RTTs: a longest timeout below the RTT (a cross-DC RTT is
+# 30 ms, three times RTO_MAX_REAL_S) fires before any ACK can be back and resends what is in flight.
+RTO_MAX_RTTS = 4
 
 
 def qp_config(mode: str, rate_bps: float, rtt_s: float, qps: int = 1, dilation: float = 1.0,
@@ -68,7 +71,7 @@ def qp_config(mode: str, rate_bps: float, rtt_s: float, qps: int = 1, dilation: 
     return QpConfig(mode=mode, max_inflight=inflight, rx_window=rx_window,
                     rto_initial=max(max(RTO_INITIAL_WALL_S, 4 * rtt_s) / d, RTO_INITIAL_REAL_S),
                     rto_min=max(RTO_FLOOR_WALL_S / d, RTO_FLOOR_REAL_S),
-                    rto_max=max(RTO_MAX_WALL_S / d, RTO_MAX_REAL_S))
+                    rto_max=max(RTO_MAX_WALL_S / d, RTO_MAX_REAL_S, RTO_MAX_RTTS * rtt_s / d))
 
 
 def nic_burst(rate_bps: float, host_queue_bytes: int) -> int:

@@ -69,3 +69,17 @@ def test_the_port_sampler_reads_once_before_the_data_and_keeps_to_a_fifth_of_the
     b = PortSampler(broken, 0.01)
     b.start()
     assert b.error == "OSError: controller gone" and b.stop() == [] and b.ident is None
+
+
+@pytest.mark.parametrize("dilation", [1.0, 10.0, 200.0, 1000.0])
+def test_a_qp_never_times_out_before_a_cross_dc_ack_can_be_back(dilation):
+    """At any dilation the longest timeout (virtual) outlasts the path's RTT (wall / dilation) a few
+    times over, and the first one waits longer than the RTT too: else a 30 ms path resends what is
+    only in flight."""
+    from emulator.workload.worker import qp_config
+    rtt_wall = 30e-3 * dilation  # the cross-DC RTT, 30 ms of the real fabric's time
+    cfg = qp_config("selective", 2e6, rtt_wall, qps=16, dilation=dilation)
+    rtt = rtt_wall / dilation
+    assert cfg.rto_max >= 4 * rtt
+    assert cfg.rto_initial > rtt
+    assert cfg.rto_min <= cfg.rto_initial <= cfg.rto_max
