@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -41,6 +42,7 @@ from emulator.model import units  # noqa: E402
 from emulator.model.timemodel import TimeModel  # noqa: E402
 from emulator.nic import wire  # noqa: E402
 from emulator.workload import collectives as C, interop  # noqa: E402
+from emulator.workload.worker import MTU_PAYLOAD  # noqa: E402
 
 SINGLE = ("single-dc", [f"local-host{i}" for i in range(8)])
 CROSS = ("cross-dc", [f"east-host{i}" for i in range(4)] + [f"west-host{i}" for i in range(4)])
@@ -71,8 +73,15 @@ def time_model(name: str) -> TimeModel:
     return client.running(name).plan.spec.time
 
 
+def frame_loss(loss: float, tm: TimeModel) -> float:
+    """The loss per emulated frame that loses as many of the real fabric's packets per byte as
+    ``loss`` per real packet: a frame carries 1/(s*d) real frames' bytes (DESIGN.md: frames do not
+    scale), so it is lost when any of them would be, and N*p per byte stays the real fabric's."""
+    return 1.0 - (1.0 - loss) ** tm.distortion
+
+
 def set_loss(name: str, paths: int, loss: float) -> None:
-    """``inject ber wanI --loss P`` on every long-haul path."""
+    """``inject ber wanI --loss P`` on every long-haul path (P per emulated frame)."""
     for i in range(paths):
         client.request(name, {"op": "inject", "kind": "ber", "target": f"wan{i}", "detection_s": None,
                               "ber": None, "corruption": None, "loss": loss})
@@ -98,8 +107,9 @@ def run_cases(name: str, label: str, hosts: list[str], sizes: list[int], profile
     paths = PATHS if label == "cross-dc" else 0
     rows = []
     for loss in losses if paths else [0.0]:
+        frame = frame_loss(loss, tm)
         if loss:
-            set_loss(name, paths, loss)
+            set_loss(name, paths, frame)
         for profile in profiles:
             for real in sizes:
                 capture = pcap is not None and profile == profiles[0] and real == max(sizes) and loss == 0
@@ -108,8 +118,9 @@ def run_cases(name: str, label: str, hosts: list[str], sizes: list[int], profile
                     began = time.monotonic()
                     r = allreduce(name, hosts, tm.size(real), profile, iters, channels)
                     took = time.monotonic() - began
-                rows.append({"topology": label, "loss": loss, "profile": profile, "real_size": real, **r})
-                print(f"  {label:<9} loss {loss:<6g} {profile:<8} {units.format_size(real):>7}: "
+                rows.append({"topology": label, "loss": loss, "loss_frame": frame, "profile": profile,
+                             "real_size": real, **r})
+                print(f"  {label:<9} loss {loss:<6g} (per frame {frame:<6.2g}) {profile:<8} {units.format_size(real):>7}: "
                       f"{units.format_duration(tm.real_time(r['time_s'])):>10} "
                       f"({'intact' if r['intact'] else 'NOT INTACT'}, {r['retransmits']} resent; {took:.0f} s of wall time with "
                       f"the ranks' start)", flush=True)
@@ -192,10 +203,13 @@ def main() -> int:
     ap.add_argument("--scale", default=None, help="up --scale [default: 5e-6 in a QEMU guest without KVM, "
                                                   "else the topologies']")
     ap.add_argument("--dilation", default=None, help="up --dilation [default: 200 with that scale]")
-    ap.add_argument("--table", default=None, metavar="JSON", help="print the table of rows saved with --json")
+    ap.add_argument("--table", default=None, metavar="JSON[,JSON]", help="print the table of rows saved with --json "
+                                                                       "(from one run or several)")
+    ap.add_argument("--topologies", default="single-dc,cross-dc", help="which of the two to run")
     a = ap.parse_args()
     if a.table:
-        print(table(json.loads(Path(a.table).read_text()), units.parse_duration(a.compute), a.overlap))
+        rows = [r for f in a.table.split(",") for r in json.loads(Path(f).read_text())]
+        print(table(rows, units.parse_duration(a.compute), a.overlap))
         return 0
     if a.scale is None and os.environ.get("BACKPLANE_VM_ACCEL") == "tcg":
         a.scale, a.dilation = TCG_SCALE, a.dilation or TCG_DILATION
@@ -220,8 +234,11 @@ def main() -> int:
         rows = run_cases(a.fabric, "single-dc", one, sizes, profiles, [0.0], a.iters, a.channels) + \
             run_cases(a.fabric, "cross-dc", two, sizes, profiles, losses, a.iters, a.channels, pcap)
     else:
-        rows = measure(*SINGLE, sizes, profiles, [0.0], a.iters, a.channels, time_args) + \
-            measure(*CROSS, sizes, profiles, losses, a.iters, a.channels, time_args, pcap)
+        which = a.topologies.split(",")
+        rows = (measure(*SINGLE, sizes, profiles, [0.0], a.iters, a.channels, time_args)
+                if "single-dc" in which else []) + \
+            (measure(*CROSS, sizes, profiles, losses, a.iters, a.channels, time_args, pcap)
+             if "cross-dc" in which else [])
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=2))
     print(table(rows, compute, a.overlap))
@@ -257,6 +274,19 @@ def fit(rows: list[dict]) -> list[str]:
     return out
 
 
+def path_model(r: dict) -> float:
+    """The ring-path model's time (wall) of row ``r`` (collectives.ring_path), from its hops' RTTs."""
+    if r.get("path_model_s"):
+        return r["path_model_s"]
+    return C.ring_path("all_reduce", [x / 2 for x in r["hop_rtts_s"].values()], r["line_rate_bps"], r["size"])
+
+
+def crossings(hosts: list[str]) -> int:
+    """The ring's hops from one DC to the other (a host's DC is its name's prefix)."""
+    dc = [h.split("-")[0] for h in hosts]
+    return sum(1 for i in range(len(dc)) if dc[i] != dc[(i + 1) % len(dc)])
+
+
 def break_even(single_s: float, cross_s: float, overlap: float) -> float:
     """The least compute (seconds) at which a step with the cross-DC all-reduce takes at most FREE
     times one with the single-DC all-reduce: the step ratio only falls as compute grows."""
@@ -286,39 +316,51 @@ def latency_sentence(rows: list[dict]) -> str:
     a_c, a_s = tm.real_time(c["alpha_s"]), tm.real_time(s["alpha_s"])
     rate = tm.real_rate(c["line_rate_bps"])
     need = n * rate / 8 * (a_c - FREE * a_s) / (FREE - 1)
-    return (f"The distance costs a ring all-reduce over {n} ranks {2 * (n - 1)} steps of alpha = "
-            f"{units.format_duration(a_c)} (against {units.format_duration(a_s)} in one DC), "
-            f"{units.format_duration(2 * (n - 1) * a_c)} whatever its size: by the model the all-reduce alone "
-            f"is within {FREE - 1:.0%} of one DC's only from {units.format_size(need)} at "
-            f"{units.format_rate(rate)} a link, so the distance is nearly free only where compute hides it "
-            "(the free-when lines)")
+    ring = [int(h.split("-")[0] != c["hosts"][(i + 1) % n].split("-")[0]) for i, h in enumerate(c["hosts"])]
+    k = max(sum(ring[(i + j) % n] for j in range(2 * (n - 1))) for i in range(n))
+    return (f"By the alpha-beta model the distance costs a ring all-reduce over {n} ranks {2 * (n - 1)} steps "
+            f"of alpha = {units.format_duration(a_c)} (against {units.format_duration(a_s)} in one DC), "
+            f"{units.format_duration(2 * (n - 1) * a_c)} whatever its size, and the all-reduce alone is within "
+            f"{FREE - 1:.0%} of one DC's only from {units.format_size(need)} at {units.format_rate(rate)} a link; "
+            f"a ring whose ranks go on as their data comes pays only the {k} crossings on a chunk's way "
+            f"({units.format_duration(k * a_c)}: the ring-path model), and a clear-to-send window that makes "
+            "every step wait for a grant from across the WAN pays all of them. Either way the distance is nearly "
+            "free only where compute hides it (the free-when lines)")
 
 
 def table(rows: list[dict], compute_s: float, overlap: float) -> str:
     single = {(r["profile"], r["real_size"]): r for r in rows if r["topology"] == "single-dc"}
-    out = [f"{'profile':<9} {'size':>7} {'loss':>6} {'N*p':>8} {'single':>10} {'cross':>10} {'ratio':>6} "
-           f"{'model':>6} {'step':>6} {'model':>6}  (real time; ratio: cross / single all-reduce, measured and by "
-           f"the alpha-beta model; step: cross / single training step, compute {units.format_duration(compute_s)}, "
-           f"{overlap:.0%} of the all-reduce under it, measured and by the model; N*p: packets in flight x loss)"]
+    out = [f"{'profile':<9} {'size':>7} {'loss':>6} {'N*p':>7} {'emul':>7} {'single':>9} {'cross':>9} {'ratio':>6} "
+           f"{'model':>7} {'path':>6} {'step':>5} {'model':>5} {'path':>5}",
+           f"  (real time; ratio: cross / single all-reduce, measured, by the alpha-beta model (every step "
+           f"pays the longest hop) and by the ring-path model (a chunk pays only the hops it crosses); step: "
+           f"cross / single training step, compute {units.format_duration(compute_s)}, {overlap:.0%} of the "
+           "all-reduce under it, measured and by the two models; N*p: packets a ring step sends across the long "
+           "haul x loss, in the real fabric and as emulated (a frame holds 1/(s*d) real packets' bytes, so the "
+           "bench loses 1-(1-p)^(1/(s*d)) of frames))"]
     steps = []
-    for r in (x for x in rows if x["topology"] == "cross-dc"):
+    for r in (x for x in rows if x["topology"] == "cross-dc" and (x["profile"], x["real_size"]) in single):
         s = single[(r["profile"], r["real_size"])]
         tm = TimeModel.from_dict(r["time_model"])
         t_s, t_c = tm.real_time(s["time_s"]), tm.real_time(r["time_s"])
         ratio = t_c / t_s if t_s > 0 else float("inf")
         m_s, m_c = tm.real_time(s["model_s"]), tm.real_time(r["model_s"])
-        step = C.step(compute_s, t_c, overlap).step_s / C.step(compute_s, t_s, overlap).step_s
-        m_step = C.step(compute_s, m_c, overlap).step_s / C.step(compute_s, m_s, overlap).step_s
-        # In flight: what one ring step keeps on the wire, a bandwidth-delay product at most.
-        per_step = r["data_packets"] / max(1, r["iters"]) / (2 * (len(r["hosts"]) - 1))
+        p_s, p_c = tm.real_time(path_model(s)), tm.real_time(path_model(r))
+        st = lambda c, x: C.step(compute_s, c, overlap).step_s / C.step(compute_s, x, overlap).step_s  # noqa
+        n, cross = len(r["hosts"]), crossings(r["hosts"])
+        # A ring step: each crossing hop carries one rank's part (real packets of MTU_PAYLOAD, or frames).
+        real_pkts = cross * math.ceil(r["real_size"] / n / MTU_PAYLOAD)
+        frames = cross * r["data_packets"] / max(1, r["iters"]) / (2 * (n - 1)) / n
         out.append(f"{r['profile']:<9} {units.format_size(r['real_size']):>7} {r['loss']:>6g} "
-                   f"{per_step * r['loss']:>8.2g} {units.format_duration(t_s):>10} {units.format_duration(t_c):>10} "
-                   f"{ratio:>6.2f} {m_c / m_s:>6.2f} {step:>6.2f} {m_step:>6.2f}"
-                   + ("" if r["intact"] and s["intact"] else "  NOT INTACT"))
+                   f"{real_pkts * r['loss']:>7.2g} {frames * r.get('loss_frame', r['loss']):>7.2g} "
+                   f"{units.format_duration(t_s):>9} {units.format_duration(t_c):>9} {ratio:>6.2f} "
+                   f"{m_c / m_s:>7.2f} {p_c / p_s:>6.2f} {st(t_c, t_s):>5.2f} {st(m_c, m_s):>5.2f} "
+                   f"{st(p_c, p_s):>5.2f}" + ("" if r["intact"] and s["intact"] else "  NOT INTACT"))
+        step = st(t_c, t_s)
         steps.append((step, r))
     out += fit(rows)
     for r, s in ((r, single[(r["profile"], r["real_size"])]) for r in rows
-                 if r["topology"] == "cross-dc" and r["loss"] == 0):
+                 if r["topology"] == "cross-dc" and r["loss"] == 0 and (r["profile"], r["real_size"]) in single):
         tm = TimeModel.from_dict(r["time_model"])
         at = [units.format_duration(break_even(tm.real_time(s[k]), tm.real_time(r[k]), overlap)) for k in
               ("time_s", "model_s")]

@@ -13,7 +13,7 @@ import click
 from emulator import errors
 from emulator.cli.app import core, main, name_option, need_root
 from emulator.cli.text import format_collective, format_recording, format_training, format_transfer
-from emulator.control import client, state
+from emulator.control import client, scenario_runner, state
 from emulator.fabric import capabilities, netns
 from emulator.telemetry import report, timeline
 from emulator.workload import collective, collectives, profiles, transfer
@@ -252,11 +252,14 @@ def _settings(fspec, profile: str | None, qps: int | None, transport: str | None
 @click.option("--iters", type=click.IntRange(1, 1000), default=1, show_default=True)
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=600.0, show_default=True,
               help="Give up on a run after this many seconds.")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Record the runs into this run directory (the run store: the switches' ports sampled through "
+                   "them, the result in the manifest; `backplane report` reads it).")
 @click.option("--json", "as_json", is_flag=True)
 @core
 def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps: int | None,
                    transport: str | None, dcqcn: str | None, profile: str | None, admission: int | None, iters: int,
-                   timeout: float, as_json: bool) -> None:
+                   timeout: float, out_dir: str | None, as_json: bool) -> None:
     """Run collective OP (all-reduce, all-gather, reduce-scatter, all-to-all) across HOSTS'
     soft-NICs ITERS times, check every rank's result, and report size, time, algbw and busbw as
     nccl-tests does, in the real fabric's units and the emulated ones, beside the alpha-beta model."""
@@ -266,7 +269,10 @@ def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--size")
     body = collective_job(name, op.replace("-", "_"), [h for h in hosts.split(",") if h], nbytes, channels, qps,
-                          transport, dcqcn, profile, admission, iters, timeout)
+                          transport, dcqcn, profile, admission, iters, timeout, record=out_dir is not None)
+    if out_dir is not None:
+        body["recorded"] = scenario_runner.record_collective(name, body, out_dir)
+    body.pop("telemetry", None)
     if as_json:
         click.echo(json.dumps(body, indent=2))
     else:
@@ -278,9 +284,10 @@ def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps
 
 def collective_job(name: str, op: str, ranks: list[str], nbytes: int, channels: int = 1, qps: int | None = None,
                    transport: str | None = None, dcqcn: str | None = None, profile: str | None = None,
-                   admission: int | None = None, iters: int = 1, timeout: float = 600.0) -> dict:
+                   admission: int | None = None, iters: int = 1, timeout: float = 600.0, record: bool = False) -> dict:
     """``run collective`` without the printing: OP on fabric ``name``'s hosts ``ranks`` as the
-    options and ``profile`` set it; the report's record (bench/distance.py runs many in one process)."""
+    options and ``profile`` set it; the report's record (bench/distance.py runs many in one process).
+    ``record``: the switches' ports are sampled through the runs, into the record's telemetry."""
     fabric = client.running(name)
     fabric_plan = fabric.plan
     fspec = fabric_plan.spec
@@ -290,7 +297,9 @@ def collective_job(name: str, op: str, ranks: list[str], nbytes: int, channels: 
     st.apply(name)
     try:
         r = collective.run(fabric_plan, op, ranks, nbytes, channels, st.qps, st.transport, iters, timeout,
-                           cc=transfer.choose_profile(fspec, st.dcqcn), admission=st.admission)
+                           cc=transfer.choose_profile(fspec, st.dcqcn), admission=st.admission,
+                           sampler=(lambda: client.request(name, {"op": "sample", "paths": True})) if record else None,
+                           sample_s=scenario_runner.SAMPLE_WALL_S if record else 0.0)
     except transfer.WorkerFailed as e:
         gone = fabric_gone(name)
         if gone:

@@ -354,10 +354,13 @@ def format_run(body: dict) -> list[str]:
     lines = []
     if body.get("run_dir"):
         lines.append(f"run {body['run_dir']}")
-    lines.append(f"  workload: {'intact' if r['intact'] and r['complete'] else 'NOT INTACT'}, "
-                 f"{d(time_model(body).real_time(r['seconds']))}, goodput "
-                 f"{units.format_rate(time_model(body).real_rate(r['goodput_bps']))}, {r['retransmits']} resent, "
-                 f"{r['timeouts']} timeouts")
+    tm = time_model(body)
+    rate = "algbw" if r.get("op") else "goodput"
+    lines.append(f"  workload: {r['op'] + ', ' if r.get('op') else ''}"
+                 f"{'intact' if r['intact'] and r['complete'] else 'NOT INTACT'}, "
+                 f"{d(tm.real_time(r['seconds']))}, {rate} {units.format_rate(tm.real_rate(r['goodput_bps']))}"
+                 + (f", busbw {units.format_rate(tm.real_rate(r['busbw_bps']))}" if r.get("op") else "")
+                 + f", {r['retransmits']} resent, {r['timeouts']} timeouts")
     lines.append(f"  {'AT':>8} {'EVENT':<15} {'TARGET':<18} {'LATE':>8} {'DETECTION':>10} {'CONVERGED':>10} "
                  f"{'LOST':>9} {'LOSS WIN':>9} {'BACK':>9} {'FIBER':>6}")
     for e in body["events"]:
@@ -442,6 +445,10 @@ def format_collective(body: dict) -> list[str]:
         lines.append(f"  alpha-beta model: {units.format_duration(model)} (line rate, alpha = half the longest "
                      f"hop's RTT, {units.format_duration(tm.real_time(r['alpha_s']))}); measured / model "
                      f"{r['time_s'] / r['model_s']:.2f}")
+        if r.get("path_model_s"):
+            lines.append(f"  ring-path model: {units.format_duration(tm.real_time(r['path_model_s']))} (each chunk pays "
+                         f"only the hops it crosses, as ranks that go on when their data comes do); measured / "
+                         f"model {r['time_s'] / r['path_model_s']:.2f}")
         if len(r["times_s"]) > 1:
             lines.append("  runs: " + ", ".join(units.format_duration(tm.real_time(t)) for t in r["times_s"]))
     lines.append(f"  {r['data_packets']} packets, {r['retransmits']} retransmitted, {r['timeouts']} timeouts")
@@ -451,6 +458,10 @@ def format_collective(body: dict) -> list[str]:
         lines.append("  NO DELAY: this fabric runs without its delay lines (--no-wan-delay): the long-haul paths "
                      "are 0 km long here, and these figures say nothing about distance")
     lines += [f"  NOTE: {n}" for n in r.get("notes") or []]
+    if r.get("recorded"):
+        rec = r["recorded"]
+        lines.append(f"  recorded: {rec['run_dir']} ({rec['ports_rows']} port readings; backplane report "
+                     f"{rec['run_dir']}), timeline {rec['plot']}")
     return lines
 
 

@@ -133,3 +133,34 @@ def run(name: str, scn: scenario_mod.Scenario, out_dir: str | Path, timeout: flo
     figures = runs.figures(manifest, rows)
     runs.plot(manifest, rows, out / "timeline.png")
     return {"run_dir": str(out), "plot": str(out / "timeline.png"), "time_model": manifest["time_model"], **figures}
+
+
+def record_collective(name: str, body: dict, out_dir: str | Path) -> dict:
+    """Write a collective (``run collective --out``: its record ``body``, with the port readings
+    taken through its runs) to the run store, as a run without events; return where."""
+    running = client.running(name)
+    plan, fspec = running.plan, running.plan.spec
+    tel = body.get("telemetry") or {}
+    t0 = tel.get("t0_monotonic")
+    if t0 is None:
+        raise errors.MeasurementError("the collective ended before its runs started: nothing to record")
+    path_of = {f"{l.a.node}:{l.a.ifname}" if plan.node(l.a.node).role in SWITCH_ROLES else f"{l.b.node}:{l.b.ifname}":
+               l.path for l in plan.links if l.kind == "wan"}
+    rows = runs.tables(fspec.time, t0, tel.get("ports", []), {}, path_of, [], [])
+    record = {k: v for k, v in body.items() if k != "telemetry"}
+    manifest = {
+        "fabric": name, "workload": "collective", "collective": record,
+        "scenario": {"name": f"{record['op']} over {len(record['hosts'])} ranks",
+                     "description": f"profile {record.get('profile') or 'none'}, {record['transport']}, "
+                                    f"{record['qps']} QPs per link"},
+        "topology_text": client.request(name, {"op": "plan"})["topology"], "time_model": fspec.time.as_dict(),
+        "t0_monotonic": t0, "versions": _versions(), "columns": {k: list(v) for k, v in runs.COLUMNS.items()},
+        "result": {"op": record["op"], "intact": record["intact"], "complete": record["complete"],
+                   "seconds": record["time_s"], "goodput_bps": record["algbw_bps"], "busbw_bps": record["busbw_bps"],
+                   "retransmits": record["retransmits"], "timeouts": record["timeouts"],
+                   "ports_error": tel.get("ports_error")},
+    }
+    out = store.write(out_dir, manifest, rows)
+    manifest, rows = store.read(out)
+    runs.plot(manifest, rows, out / "timeline.png")
+    return {"run_dir": str(out), "plot": str(out / "timeline.png"), "ports_rows": len(rows["ports"])}

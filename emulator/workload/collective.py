@@ -26,7 +26,7 @@ from emulator.nic.rc import MODES
 from emulator.workload import collectives as C
 from emulator.workload.collective_worker import RankResult, RunFigures
 from emulator.workload.rank import RankReady
-from emulator.workload.transfer import MEMORY_SHARE, Worker, WorkerFailed, _host_port, _path_rtt, check_hosts
+from emulator.workload.transfer import MEMORY_SHARE, PortSampler, Worker, WorkerFailed, _host_port, _path_rtt, check_hosts
 from emulator.workload.worker import nic_burst
 
 MAX_QPS = 64  # per link: NCCL's connections use a few; 16 is Meta's
@@ -60,6 +60,7 @@ class CollectiveResult:
     hop_rtts_s: dict[str, float]  # each ring hop's measured RTT (wall)
     alpha_s: float  # the step latency: half the longest hop's RTT (wall)
     model_s: float  # the alpha-beta model's time at the line rate and that alpha (wall)
+    path_model_s: float  # the same with each chunk paying only the hops it crosses (collectives.ring_path)
     rate_control: str
     admission: int  # clear-to-send window per link and channel (0: none)
     retransmits: int
@@ -67,6 +68,9 @@ class CollectiveResult:
     data_packets: int
     ranks: list[dict] = field(default_factory=list, repr=False)  # per rank: runs and counters
     time_model: dict = field(default_factory=dict)
+    # With a sampler: the controller's port readings from the first run's start to the last's
+    # end (monotonic ``t``), from ``t0_monotonic``; ``ports_error`` if the sampling failed.
+    telemetry: dict = field(default_factory=dict, repr=False)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -133,12 +137,13 @@ def _rtts(plan, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:
 
 def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int = 1, transport: str = "selective",
         iters: int = 1, timeout: float = 300.0, seed: int = 1, cc: dcqcn.Profile | None = None,
-        on_start=None, admission: int = 0) -> CollectiveResult:
+        on_start=None, admission: int = 0, sampler=None, sample_s: float = 0.0) -> CollectiveResult:
     """Run ``op`` of ``size`` bytes (nccl-tests' size, as the NICs move it) across ``hosts`` in
     ring order, ``iters`` times, and check every rank's result. The NICs send at the host
     link's rate and run ``cc`` (real units; None or ``off``: none), scaled by the time model.
     ``admission`` > 0: receivers clear that many messages per link and channel ahead (Meta's
-    clear-to-send), senders write only what is cleared.
+    clear-to-send), senders write only what is cleared. With ``sampler`` (the controller's port
+    readings) and ``sample_s``, the ports are read that often through the runs.
     Every figure in the result is emulated (wall seconds, emulated bytes and rates)."""
     lay = check_request(plan, op, hosts, size, channels, qps, transport, iters, timeout, capabilities.mem_available(),
                         admission)
@@ -165,6 +170,8 @@ def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int 
     py = [sys.executable, "-m", "emulator.workload.collective_worker"]
     workers: list[Worker] = []
     runs: list[list[RunFigures]] = []
+    sampling = PortSampler(sampler, sample_s) if sampler is not None and sample_s > 0 else None
+    t0 = None
     try:
         for r, (h, ip) in enumerate(zip(hosts, ips)):
             workers.append(Worker(h, f"rank {r}", netns.popen(
@@ -176,6 +183,9 @@ def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int 
             w.tell(peers, "while it was being connected")
         if on_start is not None:
             on_start()
+        t0 = time.monotonic()
+        if sampling is not None:
+            sampling.start()
         for _ in range(iters):
             for w in workers:
                 w.tell("go", "at the start of a run")
@@ -187,10 +197,13 @@ def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int 
             w.tell("stop", "before it gave its result")
         results = [RankResult.from_dict(d) for d in _gather(workers, "result", "before it gave its result", 60)]
     finally:
+        readings = sampling.stop() if sampling is not None else []
         for w in workers:
             if w.proc.poll() is None:
                 w.proc.kill()
             w.proc.wait()
+    telemetry = {"t0_monotonic": t0, "sample_s": sample_s, "ports": readings,
+                 "ports_error": sampling.error if sampling is not None else None} if sampling is not None else {}
     complete = len(runs) == iters and all(d.ok for run_ in runs for d in run_)
     intact = complete and all(d.sha256 == want[r] for run_ in runs for r, d in enumerate(run_))
     times = [max(d.started + d.seconds for d in run_) - min(d.started for d in run_) for run_ in runs]
@@ -203,9 +216,10 @@ def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int 
         bw.algbw_bps if bw else 0.0, bw.busbw_bps if bw else 0.0, C.BUSBW_FACTOR[op](n), rate,
         cross_dc=len({plan.node(h).dc for h in hosts}) > 1, hop_rtts_s=hops, alpha_s=alpha,
         model_s=C.alpha_beta(op, n, lay.size, rate, alpha),
+        path_model_s=C.ring_path(op, [rtts[p] / 2 for p in pairs], rate, lay.size),
         rate_control=f"DCQCN {running.name}" if running else "none (line-rate pacing only)", admission=admission,
         retransmits=sum(q.retransmits for q in qp_all), timeouts=sum(q.timeouts for q in qp_all),
         data_packets=sum(q.data_packets for q in qp_all),
         ranks=[{"rank": r, "host": h, "runs": [asdict(run_[r]) for run_ in runs], "nic": res.nic,
                 "qps": [asdict(q) for q in res.qps]} for r, (h, res) in enumerate(zip(hosts, results))],
-        time_model=tm.as_dict())
+        time_model=tm.as_dict(), telemetry=telemetry)

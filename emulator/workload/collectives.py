@@ -243,6 +243,24 @@ def alpha_beta(op: str, ranks: int, size: int, bandwidth_bps: float, alpha_s: fl
     return BUSBW_FACTOR[op](ranks) * size * 8 / bandwidth_bps + n_steps * alpha_s
 
 
+def ring_path(op: str, hop_alphas: Sequence[float], bandwidth_bps: float, size: int) -> float:
+    """The model's time when each rank goes on as soon as its data has come (NCCL's ring has no
+    global steps): a chunk crosses the ring's steps' hops one after another, so the latency term
+    is the slowest run of that many consecutive hops (``hop_alphas[i]``: rank i to rank i + 1),
+    not every step at the longest hop's alpha. On a ring of n ranks over two DCs with two
+    crossings, an all-reduce's chunk crosses the long haul 2(n-1) x 2 / n times, not 2(n-1)."""
+    if op not in OPS:
+        raise CollectiveError(f"unknown collective {op!r}: one of {', '.join(OPS)}")
+    n = len(hop_alphas)
+    if n < 2:
+        raise CollectiveError(f"a ring of {n} hops: at least 2")
+    beta = BUSBW_FACTOR[op](n) * size * 8 / bandwidth_bps
+    if op == "all_to_all":
+        return beta + max(hop_alphas)
+    k = 2 * (n - 1) if op == "all_reduce" else n - 1
+    return beta + max(sum(hop_alphas[(i + j) % n] for j in range(k)) for i in range(n))
+
+
 @dataclass(frozen=True)
 class Step:
     """A training step: compute, then the gradients' all-reduce, of which ``overlap`` (0..1) can

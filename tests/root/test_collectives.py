@@ -69,3 +69,28 @@ def test_each_job_profile_runs_an_all_reduce_across_both_dcs(fabric, profile, qp
     hashing = "five-tuple" if profile == "baseline" else "qpn"
     assert f"the switches now hash {hashing}" in r["notes"][0]
     assert any("pfc.enabled: false" in n for n in r["notes"]) == (profile != "baseline")
+
+
+def test_a_recorded_collective_lands_in_the_run_store_and_reads_back(fabric, tmp_path):
+    """`run collective --out DIR`: the manifest holds the collective's record and the port series
+    shows the bytes its ranks' leaf ports sent during it; `backplane report` reads it back."""
+    run_dir = tmp_path / "run"
+    r = json.loads(bp("run", "collective", "-n", fabric, "all-reduce", "--hosts", ",".join(HOSTS), "--size", SIZE,
+                      "--out", str(run_dir), "--json").stdout)
+    assert r["intact"] and r["recorded"]["run_dir"] == str(run_dir) and "telemetry" not in r
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["workload"] == "collective"
+    assert manifest["collective"]["op"] == "all_reduce" and manifest["result"]["intact"]
+    assert manifest["rows"]["ports"] == r["recorded"]["ports_rows"] > 0
+    import pyarrow.parquet as pq
+    ports = pq.read_table(run_dir / "ports.parquet").to_pylist()
+    # Each rank's leaf port towards it carried the all-reduce's share of the data during the run.
+    sent = {}
+    for row in ports:
+        sent.setdefault(row["port"], []).append(row["deq_bytes"])
+    leaf_ports = ("east-leaf0:eth0", "east-leaf1:eth0", "west-leaf0:eth0", "west-leaf1:eth0")
+    share = C.BUSBW_FACTOR["all_reduce"](len(HOSTS)) * manifest["collective"]["size"]
+    for port in leaf_ports:
+        assert max(sent[port]) - min(sent[port]) >= share, port
+    text = bp("report", str(run_dir)).stdout
+    assert "all_reduce, intact" in text and "busbw" in text

@@ -216,3 +216,17 @@ def test_without_admission_senders_run_ahead():
     _run_ranks("all_gather", ranks=4, channels=2, qps=2, size=4 * 2 * 2 * 4096 * 2,
                watch=lambda rs: seen.append(max(_in_flight(rs).values(), default=0)))
     assert max(seen) > 1
+
+
+def test_the_ring_path_model_charges_a_chunk_only_the_crossings_on_its_way():
+    # 8 ranks, 4 in each DC: two of the ring's hops cross (15 ms), six stay in a DC (2 us).
+    alphas = [2e-6, 2e-6, 2e-6, 15e-3, 2e-6, 2e-6, 2e-6, 15e-3]
+    beta = 2 * 7 / 8 * 8e9 / 400e9
+    # 14 consecutive hops hold at most 4 crossings (one lap of 8 has 2, the 6 after it 2 more).
+    assert C.ring_path("all_reduce", alphas, 400e9, 10 ** 9) == pytest.approx(beta + 4 * 15e-3 + 10 * 2e-6)
+    assert C.ring_path("all_reduce", alphas, 400e9, 10 ** 9) < C.alpha_beta("all_reduce", 8, 10 ** 9, 400e9, 15e-3)
+    # In one DC every hop alike: the two models agree.
+    same = [2e-6] * 8
+    assert C.ring_path("all_reduce", same, 400e9, 10 ** 9) == pytest.approx(
+        C.alpha_beta("all_reduce", 8, 10 ** 9, 400e9, 2e-6))
+    assert C.ring_path("all_to_all", alphas, 400e9, 10 ** 9) == pytest.approx(7 / 8 * 8e9 / 400e9 + 15e-3)

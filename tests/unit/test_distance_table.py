@@ -20,9 +20,13 @@ TM = {"scale": 5e-6, "dilation": 200.0, "preset": None}
 def row(topology: str, profile: str, real: int, time_real: float, model_real: float, busbw_share: float = 0.95,
         loss: float = 0.0) -> dict:
     d = TM["dilation"]
+    hosts = ["east-host0", "east-host1", "west-host0", "west-host1"] if topology == "cross-dc" else \
+        [f"local-host{i}" for i in range(4)]
+    rtt = [4e-6, 30e-3, 4e-6, 30e-3] if topology == "cross-dc" else [4e-6] * 4
     return {"topology": topology, "loss": loss, "profile": profile, "real_size": real, "time_s": time_real * d,
-            "model_s": model_real * d, "time_model": TM, "intact": True, "hosts": ["a", "b", "c", "d"], "iters": 1,
-            "data_packets": 600, "alpha_s": (0.015 if topology == "cross-dc" else 2e-6) * 200,  "busbw_bps": busbw_share * 2e6, "line_rate_bps": 2e6}
+            "model_s": model_real * d, "time_model": TM, "intact": True, "hosts": hosts, "iters": 1,
+            "data_packets": 600, "alpha_s": max(rtt) / 2 * d, "size": real // 1000, "busbw_bps": busbw_share * 2e6,
+            "line_rate_bps": 2e6, "hop_rtts_s": {f"{a}->{b}": x * d for a, b, x in zip(hosts, hosts[1:] + hosts[:1], rtt)}}
 
 
 @pytest.mark.parametrize("overlap", [0.0, 0.5, 1.0])
@@ -40,9 +44,11 @@ def test_the_table_gives_ratios_beside_the_model_and_says_when_the_run_was_cpu_b
     text = distance.table(rows, 0.1, 0.5)
     line = next(x for x in text.splitlines() if x.startswith("meta"))
     assert "40ms" in line and "140ms" in line and " 3.50 " in line and " 4.00 " in line
+    # The ring-path model: a chunk of a 4-ring with two crossings crosses 3 times in its 6 steps, not 6.
+    assert "pays only the 3 crossings on a chunk's way (45ms" in text
     assert "CPU-BOUND: single-DC meta" in text
     assert "free when: meta" in text and "answer:" in text
-    assert "within 10% of one DC's only from 30GB at 400Gbps" in text  # 4 x 50 GB/s x (15 ms - 1.1 x 2 us) / 0.1
+    assert "within 10% of one DC's only from 30GB at 400Gbps a link" in text  # 4 x 50 GB/s x (15 ms - 1.1 x 2 us) / 0.1
 
 
 def test_a_single_dc_run_far_above_the_model_is_called_the_emulators_floor():
@@ -50,3 +56,13 @@ def test_a_single_dc_run_far_above_the_model_is_called_the_emulators_floor():
     text = distance.table(rows, 0.1, 0.5)
     assert "FLOOR: single-DC seed 1MB" in text
     assert "CPU-BOUND" not in text  # only the largest size says how far the line was reached
+
+
+def test_a_frame_is_lost_when_any_of_the_real_packets_it_stands_for_would_be():
+    from emulator.model.timemodel import TimeModel
+    tm = TimeModel.from_dict(TM)  # s*d = 1e-3: a frame holds a thousand real frames' bytes
+    assert distance.frame_loss(0.0, tm) == 0.0
+    assert distance.frame_loss(1e-4, tm) == pytest.approx(1 - (1 - 1e-4) ** 1000)  # about 0.095
+    assert distance.frame_loss(1e-6, tm) == pytest.approx(1e-3, rel=1e-3)
+    faithful = TimeModel.of(1e-3, "faithful")
+    assert distance.frame_loss(1e-4, faithful) == pytest.approx(1e-4)
