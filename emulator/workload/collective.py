@@ -193,6 +193,8 @@ def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int 
             runs.append(done)
             if not all(d.ok for d in done):
                 break
+        if sampling is not None:
+            sampling.finish()
         for w in workers:
             w.tell("stop", "before it gave its result")
         results = [RankResult.from_dict(d) for d in _gather(workers, "result", "before it gave its result", 60)]
