@@ -281,10 +281,10 @@ def path_model(r: dict) -> float:
     return C.ring_path("all_reduce", [x / 2 for x in r["hop_rtts_s"].values()], r["line_rate_bps"], r["size"])
 
 
-def crossings(hosts: list[str]) -> int:
-    """The ring's hops from one DC to the other (a host's DC is its name's prefix)."""
+def crossing_hops(hosts: list[str]) -> list[int]:
+    """1 for each ring hop (rank i to i + 1) from one DC to the other (a host's DC is its name's prefix)."""
     dc = [h.split("-")[0] for h in hosts]
-    return sum(1 for i in range(len(dc)) if dc[i] != dc[(i + 1) % len(dc)])
+    return [int(dc[i] != dc[(i + 1) % len(dc)]) for i in range(len(dc))]
 
 
 def break_even(single_s: float, cross_s: float, overlap: float) -> float:
@@ -316,7 +316,7 @@ def latency_sentence(rows: list[dict]) -> str:
     a_c, a_s = tm.real_time(c["alpha_s"]), tm.real_time(s["alpha_s"])
     rate = tm.real_rate(c["line_rate_bps"])
     need = n * rate / 8 * (a_c - FREE * a_s) / (FREE - 1)
-    ring = [int(h.split("-")[0] != c["hosts"][(i + 1) % n].split("-")[0]) for i, h in enumerate(c["hosts"])]
+    ring = crossing_hops(c["hosts"])
     k = max(sum(ring[(i + j) % n] for j in range(2 * (n - 1))) for i in range(n))
     return (f"By the alpha-beta model the distance costs a ring all-reduce over {n} ranks {2 * (n - 1)} steps "
             f"of alpha = {units.format_duration(a_c)} (against {units.format_duration(a_s)} in one DC), "
@@ -347,7 +347,7 @@ def table(rows: list[dict], compute_s: float, overlap: float) -> str:
         m_s, m_c = tm.real_time(s["model_s"]), tm.real_time(r["model_s"])
         p_s, p_c = tm.real_time(path_model(s)), tm.real_time(path_model(r))
         st = lambda c, x: C.step(compute_s, c, overlap).step_s / C.step(compute_s, x, overlap).step_s  # noqa
-        n, cross = len(r["hosts"]), crossings(r["hosts"])
+        n, cross = len(r["hosts"]), sum(crossing_hops(r["hosts"]))
         # A ring step: each crossing hop carries one rank's part (real packets of MTU_PAYLOAD, or frames).
         real_pkts = cross * math.ceil(r["real_size"] / n / MTU_PAYLOAD)
         frames = cross * r["data_packets"] / max(1, r["iters"]) / (2 * (n - 1)) / n

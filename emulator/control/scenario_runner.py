@@ -83,6 +83,12 @@ def _settle(name: str, budget_s: float) -> list[dict]:
         time.sleep(0.02)
 
 
+def _path_of(plan) -> dict[str, int]:
+    """Each border port onto a long-haul path -> that path's index."""
+    return {f"{l.a.node}:{l.a.ifname}" if plan.node(l.a.node).role in SWITCH_ROLES else f"{l.b.node}:{l.b.ifname}":
+            l.path for l in plan.links if l.kind == "wan"}
+
+
 def _versions() -> dict:
     out = {"python": platform.python_version(), "kernel": platform.release()}
     for dist in ("backplane", "pyroute2", "pyarrow", "mininet"):
@@ -113,8 +119,7 @@ def run(name: str, scn: scenario_mod.Scenario, out_dir: str | Path, timeout: flo
     faults = _settle(name, fspec.time.time(scn.detection_s) + SETTLE_SLACK_S)
     body = result.as_dict()
     tel = body["telemetry"]
-    path_of = {f"{l.a.node}:{l.a.ifname}" if plan.node(l.a.node).role in SWITCH_ROLES else f"{l.b.node}:{l.b.ifname}":
-               l.path for l in plan.links if l.kind == "wan"}
+    path_of = _path_of(plan)
     rows = runs.tables(fspec.time, timeline_thread.t0, tel["ports"], tel["senders"], path_of,
                        timeline_thread.applied, faults, senders_t0=tel["t0_monotonic"])
     flows = body["flows"]
@@ -144,8 +149,7 @@ def record_collective(name: str, body: dict, out_dir: str | Path) -> dict:
     t0 = tel.get("t0_monotonic")
     if t0 is None:
         raise errors.MeasurementError("the collective ended before its runs started: nothing to record")
-    path_of = {f"{l.a.node}:{l.a.ifname}" if plan.node(l.a.node).role in SWITCH_ROLES else f"{l.b.node}:{l.b.ifname}":
-               l.path for l in plan.links if l.kind == "wan"}
+    path_of = _path_of(plan)
     rows = runs.tables(fspec.time, t0, tel.get("ports", []), {}, path_of, [], [])
     record = {k: v for k, v in body.items() if k != "telemetry"}
     manifest = {
