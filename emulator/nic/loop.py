@@ -526,6 +526,11 @@ class SoftNic:
                        qp.stats.cnps_received, qp.stats.cnps_sent, self.ce_data[qpn], self.tx_bytes[qpn],
                        qp.end - qp.nxt, qp.stats.retransmits)
 
+    @property
+    def cnps_pending(self) -> int:
+        """CNPs this NIC still holds back: to send (processing delay) or to act on (reaction delay)."""
+        return len(self._cnp_out) + len(self._cnp_in)
+
     def stats(self) -> dict:
         return {"rx_packets": self.counters.rx_packets, "tx_packets": self.counters.tx_packets,
                 "rx_ce": self.counters.rx_ce, "socket_overflow": self.counters.socket_overflow,

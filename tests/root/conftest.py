@@ -23,6 +23,19 @@ if os.geteuid() != 0:
     pytest.skip("the root tier builds network namespaces: run as root (sudo make test)", allow_module_level=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def recover_from_a_crashed_run():
+    """A run killed before its own clean-up (CI cancelled, a machine reset) leaves fabrics whose
+    controller is gone, and `up` of the same name rightly refuses them: recover those as a user
+    would (backplane clean --name), never a fabric whose controller still lives."""
+    for name in clean_mod.fabric_names():
+        why = clean_mod.health(name)
+        if why is not None:
+            print(f"[root tier] recovering fabric {name!r} left by a crashed run: {why}")
+            clean_mod.clean(name)
+    yield
+
+
 def watch(name: str):
     """The fabric's fidelity monitor over what happens from now: returns a function that gives
     its verdict since (the controller's guard: steal, softirq, CPU pressure, drops outside the

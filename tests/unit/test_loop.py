@@ -82,9 +82,9 @@ def test_ce_marks_bring_cnps_that_slow_the_sender(cc):
         size = 2 << 20
         qa, qb, mr, data = _marked_write(a, b, size, 3)
 
-        def done() -> bool:
+        def done() -> bool:  # the data acked, and every CNP sent heard and acted on
             b.step(0.001)
-            return qa.idle
+            return qa.idle and not (a.cnps_pending or b.cnps_pending) and qa.stats.cnps_received == qb.stats.cnps_sent
 
         assert a.run(done, timeout=60)
         assert mr.buffer == data
@@ -117,9 +117,9 @@ def test_the_loop_runs_dcqcn_on_the_dilated_clock_and_holds_the_wire_to_its_rate
         qa, qb, mr, data = _marked_write(a, b, 2 << 20, 4)
         start = a.wall()
 
-        def done() -> bool:
+        def done() -> bool:  # the data acked, and every CNP sent heard and acted on
             b.step(0.001)
-            return qa.idle
+            return qa.idle and not (a.cnps_pending or b.cnps_pending) and qa.stats.cnps_received == qb.stats.cnps_sent
 
         assert a.run(done, timeout=120)
         wall = a.wall() - start
