@@ -15,8 +15,9 @@
 /* Priorities per port, as 802.1p has; slot BP_NUM_PRIO of the queue map is the port's total. */
 #define BP_NUM_PRIO 8
 #define BP_QUEUE_SLOTS (BP_NUM_PRIO + 1)
-/* Routes of all switches together (per switch: one per leaf subnet, host and p2p link). */
-#define BP_MAX_ROUTES 16384
+/* Routes of all switches together (per switch: one per leaf subnet, host and p2p link; a
+ * 1,000-node fabric holds about 23,000). An LPM trie takes memory only for what it holds. */
+#define BP_MAX_ROUTES 65536
 /* Flows an adaptive switch remembers the next hop of (LRU: the idlest are forgotten first). */
 #define BP_MAX_PINS 65536
 /* Tags the metadata XDP leaves for tc, so tc never trusts bytes another program left there. */

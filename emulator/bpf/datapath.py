@@ -174,37 +174,50 @@ class Datapath:
     # --- attaching to ports, each checked ---
 
     @staticmethod
-    def _port(ipr: IPRoute, ns: str, ifname: str, what: str) -> tuple[str, int]:
-        """('ns:ifname' for messages, the port's ifindex); raise if there is no such port."""
+    def _port(ipr: IPRoute, ns: str, ifname: str, what: str, index: int | None = None) -> tuple[str, int]:
+        """('ns:ifname' for messages, the port's ifindex); raise if there is no such port.
+        ``index``: the ifindex the caller already checked the port has."""
         where = f"{ns}:{ifname}"
+        if index is not None:
+            return where, index
         index = ipr.link_lookup(ifname=ifname)
         if not index:
             raise FabricError(f"{where}: no such interface to {what}")
         return where, index[0]
 
-    def attach(self, ns: str, ipr: IPRoute, ifname: str, switch: bool) -> None:
-        """XDP on the port, and on a switch port the tc programs too. Raise unless all took."""
+    def attach(self, ns: str, ipr: IPRoute, ifname: str, switch: bool, index: int | None = None,
+               check: bool = True) -> None:
+        """XDP on the port, and on a switch port the tc programs too. Raise unless all took;
+        with ``check`` False the caller reads the XDP attach back later (check_xdp)."""
         from bcc import lib
 
-        where, index = self._port(ipr, ns, ifname, "attach the datapath to")
+        where, index = self._port(ipr, ns, ifname, "attach the datapath to", index)
         with netns.entered(ns):
             rc = lib.bpf_attach_xdp(ifname.encode(), self.fds[XDP_PROG], XDP_FLAGS_DRV_MODE)
         if rc < 0:
             raise FabricError(f"{where}: attaching {XDP_PROG} in native mode failed (bcc returned {rc})")
-        link = ipr.get_links(index)[0]
-        xdp = link.get_attr("IFLA_XDP")
-        attached = xdp.get_attr("IFLA_XDP_ATTACHED") if xdp else None
-        pid = xdp.get_attr("IFLA_XDP_PROG_ID") if xdp else None
-        if attached not in XDP_ATTACHED_DRV or pid != self.prog_ids[XDP_PROG]:
-            raise FabricError(f"{where}: XDP reads back as attached={attached} prog={pid}, "
-                              f"expected native mode with program {self.prog_ids[XDP_PROG]}")
+        if check:
+            self.check_xdp(ns, ipr, {index: ifname}, ipr.get_links(index))
         if switch:
-            self.attach_tc(ns, ipr, ifname)
+            self.attach_tc(ns, ipr, ifname, index=index)
 
-    def attach_tc(self, ns: str, ipr: IPRoute, ifname: str, ingress: bool = True) -> None:
+    def check_xdp(self, ns: str, ipr: IPRoute, ports: dict[int, str], links: list | None = None) -> None:
+        """Raise unless every port (ifindex -> name) of namespace ``ns`` runs our XDP program in
+        native mode; ``links``: the namespace's links from a dump already made."""
+        links = {l["index"]: l for l in (ipr.get_links() if links is None else links)}
+        for index, ifname in ports.items():
+            link = links.get(index)
+            xdp = link.get_attr("IFLA_XDP") if link is not None else None
+            attached = xdp.get_attr("IFLA_XDP_ATTACHED") if xdp else None
+            pid = xdp.get_attr("IFLA_XDP_PROG_ID") if xdp else None
+            if attached not in XDP_ATTACHED_DRV or pid != self.prog_ids[XDP_PROG]:
+                raise FabricError(f"{ns}:{ifname}: XDP reads back as attached={attached} prog={pid}, "
+                                  f"expected native mode with program {self.prog_ids[XDP_PROG]}")
+
+    def attach_tc(self, ns: str, ipr: IPRoute, ifname: str, ingress: bool = True, index: int | None = None) -> None:
         """tc ingress (forwarding) and egress (queue, ECN, tail drop) on a switch port; egress
         alone (``ingress`` False) on a host's port, to put its packets in their priority's queue."""
-        where, index = self._port(ipr, ns, ifname, "attach the datapath to")
+        where, index = self._port(ipr, ns, ifname, "attach the datapath to", index)
         hooks = ([(TC_INGRESS_PARENT, TC_INGRESS_PROG)] if ingress else []) + [(TC_EGRESS_PARENT, TC_EGRESS_PROG)]
         try:
             ipr.tc("add", "clsact", index)

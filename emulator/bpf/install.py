@@ -72,6 +72,10 @@ def program(datapath: Datapath, plan: FabricPlan, loss_in_ebpf: bool = False) ->
                          tagger)
     for port in plan.ports():
         datapath.set_port(port.ifindex, port_entry(plan, port, loss_in_ebpf))
+    need = sum(len(plan.routes[n.name]) for n in plan.nodes if n.role in SWITCH_ROLES)
+    if need > S.MAX_ROUTES:
+        raise FabricError(f"the switches of this fabric need {need} routes, and the datapath's route table "
+                          f"holds {S.MAX_ROUTES} (BP_MAX_ROUTES, ebpf/include/bp_consts.h)")
     routes = 0
     for node in plan.nodes:
         if node.role not in SWITCH_ROLES:
@@ -85,29 +89,48 @@ def program(datapath: Datapath, plan: FabricPlan, loss_in_ebpf: bool = False) ->
 
 def attach(datapath: Datapath, plan: FabricPlan, iproutes: Mapping[str, IPRoute]) -> None:
     """Attach to every port: all XDP first (dequeue side), then the switches' tc programs."""
+    # The fabric checked every port's ifindex as it built them (FabricNode.check_ports).
     ports = list(plan.ports())
     for port in ports:
-        datapath.attach(plan.netns(port.node), iproutes[port.node], port.ifname, switch=False)
+        datapath.attach(plan.netns(port.node), iproutes[port.node], port.ifname, switch=False, index=port.ifindex,
+                        check=False)
+    for node in plan.nodes:
+        mine = {p.ifindex: p.ifname for p in plan.ports(node.name)}
+        if mine:
+            datapath.check_xdp(plan.netns(node.name), iproutes[node.name], mine)
     for port in ports:
         if plan.node(port.node).role in SWITCH_ROLES:
-            datapath.attach_tc(plan.netns(port.node), iproutes[port.node], port.ifname)
+            datapath.attach_tc(plan.netns(port.node), iproutes[port.node], port.ifname, index=port.ifindex)
         elif isinstance(port.egress, Shaping) and port.egress.priorities:
-            datapath.attach_tc(plan.netns(port.node), iproutes[port.node], port.ifname, ingress=False)
-    for port in ports:
-        got = iproutes[port.node].link_lookup(ifname=port.ifname)
-        if got != [port.ifindex]:
-            raise FabricError(f"{plan.netns(port.node)}:{port.ifname} has ifindex {got}, the plan says {port.ifindex}")
+            datapath.attach_tc(plan.netns(port.node), iproutes[port.node], port.ifname, ingress=False,
+                               index=port.ifindex)
 
 
-def build(plan: FabricPlan, iproutes: Mapping[str, IPRoute], loss_in_ebpf: bool) -> Datapath:
-    """Load the programs, write the plan into their maps and attach them to every port of a
-    built fabric (the Fabric's datapath_builder); on any failure free what was loaded."""
+def load(plan: FabricPlan, loss_in_ebpf: bool) -> Datapath:
+    """Compile and load the programs and write the plan into their maps: none of it needs the
+    fabric, so the fabric runs it beside its own build (about a second of compiler). On any
+    failure free what was loaded."""
     datapath = Datapath()
     try:
         program(datapath, plan, loss_in_ebpf=loss_in_ebpf)
-        attach(datapath, plan, iproutes)
-        if plan.spec.pfc.enabled:
-            datapath.pfc = PfcAgent(datapath.bpf, plan)
+    except BaseException:
+        datapath.close()
+        raise
+    return datapath
+
+
+def finish(datapath: Datapath, plan: FabricPlan, iproutes: Mapping[str, IPRoute]) -> None:
+    """Attach a loaded datapath to every port of the built fabric, and start its PFC agent."""
+    attach(datapath, plan, iproutes)
+    if plan.spec.pfc.enabled:
+        datapath.pfc = PfcAgent(datapath.bpf, plan)
+
+
+def build(plan: FabricPlan, iproutes: Mapping[str, IPRoute], loss_in_ebpf: bool) -> Datapath:
+    """load() then finish(), in one go; on any failure free what was loaded."""
+    datapath = load(plan, loss_in_ebpf)
+    try:
+        finish(datapath, plan, iproutes)
     except BaseException:
         datapath.close()
         raise

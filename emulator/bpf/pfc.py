@@ -36,7 +36,7 @@ from typing import Mapping
 
 from emulator.bpf import structs as S
 from emulator.errors import FabricError
-from emulator.fabric import netns, queues
+from emulator.fabric import netns, queues, rtnl
 from emulator.model import pfc as pfc_model
 from emulator.model.plan import SWITCH_ROLES, FabricPlan, Port, Shaping
 
@@ -175,7 +175,7 @@ class PfcAgent:
             with netns.entered(ns):
                 sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
                 if ns not in self._netlink:
-                    self._netlink[ns] = queues.netlink_socket()
+                    self._netlink[ns] = rtnl.socket_here()
             sock.bind((port.ifname, 0))
             kind = plan.link_of(port).kind
             where = f"{ns}:{port.ifname}"

@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         fabric_plan = plan_mod.build(spec.from_text(text, topology, spec.parse_dilation(a.dilation), a.scale),
                                      a.name)
         state.write_record(a.name, topology, not a.no_wan_delay, a.dilation, a.scale)
-        fabric = Fabric(fabric_plan, wan_delay=not a.no_wan_delay, datapath_builder=install.build)
+        fabric = Fabric(fabric_plan, wan_delay=not a.no_wan_delay, datapath_builder=install)
         fabric.start()
         path = state.socket_path(a.name)
         if path.exists():

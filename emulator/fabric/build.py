@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import pty
+import resource
+import select
 import socket
 import time
-from typing import Any, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Mapping, Protocol
 
 from mininet.link import Intf
 from mininet.link import Link as MininetLink
@@ -24,13 +28,19 @@ from pyroute2.netlink.rtnl import RTM_NEWLINK
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
 from emulator.errors import AlreadyRunning, BackplaneError, CapabilityError, FabricError
-from emulator.fabric import capabilities, checks, netns, queues
-from emulator.fabric.routes import MAIN_TABLE, route_request
+from emulator.fabric import capabilities, checks, netns, queues, rtnl
 from emulator.model.plan import DelayLine, FabricPlan, Node as PlanNode, Port, Route
 
 # Mininet.init() would raise rlimits and rewrite global sysctls (wmem_max, ARP cache sizes, ...)
 # behind the user's back. The namespaces we build need none of it.
 Mininet.inited = True
+
+LOOPBACK_IFINDEX = 1  # a new network namespace's first device
+IFF_UP = 0x1
+# Descriptors a node holds open in the controller: its shell's pty (two ends) and two netlink
+# sockets; a port's programs and maps are shared, so they do not count per node.
+FDS_PER_NODE = 4
+FDS_SPARE = 256
 
 
 class FabricNode(MininetNode):
@@ -48,16 +58,90 @@ class FabricNode(MininetNode):
         self.plan_node = plan_node
         self.plan = plan
         self.ipr = None
+        self.rtnl = None
         super().__init__(name, inNamespace=True, **params)
 
     def startShell(self, mnopts=None) -> None:  # noqa: N802 (Mininet's name)
-        super().startShell(mnopts)
+        """Spawn the node's shell as Mininet's Node.startShell does, without waiting for its
+        prompt: the build spawns every node's shell, then waits for each (finish_start), so
+        that a thousand bash start-ups overlap instead of queueing."""
+        if self.shell:
+            raise FabricError(f"{self.name}: its shell is already running")
+        cmd = ["mnexec", "-cdn", "env", "PS1=" + chr(127), "bash", "--norc", "--noediting", "-is",
+               "mininet:" + self.name]
+        self.master, self.slave = pty.openpty()
+        self.shell = self._popen(cmd, stdin=self.slave, stdout=self.slave, stderr=self.slave, close_fds=False)
+        self.stdin = os.fdopen(self.master, "r")
+        self.stdout = self.stdin
+        self.pid = self.shell.pid
+        self.pollOut = select.poll()
+        self.pollOut.register(self.stdout)
+        self.outToNode[self.stdout.fileno()] = self
+        self.inToNode[self.stdin.fileno()] = self
+        self.execed = False
+        self.lastCmd = None
+        self.lastPid = None
+        self.readbuf = ""
+        # Mininet's first command (no history file, no echo, no job notices), typed ahead: bash
+        # reads it once it is up, and finish_start reads the prompt that follows it.
+        self.write("unset HISTFILE; stty -echo; set +m\n")
+        self.waiting = True
+
+    def finish_start(self) -> None:
+        """Wait for the shell's prompt after its first command (it is then in its own
+        namespace), name the namespace, open the node's netlink sockets and set its sysctls
+        and loopback."""
+        prompts = 0
+        while prompts < 2:  # the first prompt, then the one after the typed-ahead command
+            data = self.read(1024)
+            prompts += data.count(chr(127))
+            if not data and self.shell.poll() is not None:
+                raise FabricError(f"{self.name}: its shell exited ({self.shell.returncode}) before its prompt")
+            if prompts < 2:
+                self.pollOut.poll()
+        self.waiting = False
         netns.attach(self.name, self.pid)
-        self.ipr = netns.iproute(self.name)
-        for key, value in self.SYSCTLS:
-            netns.write_sysctl(self.name, key, value)
-        lo = self.ipr.link_lookup(ifname="lo")[0]
-        self.ipr.link("set", index=lo, state="up")
+        with netns.entered(self.name):
+            self.ipr = IPRoute()
+            self.rtnl = rtnl.socket_here()
+            for key, value in self.SYSCTLS:
+                with open("/proc/sys/" + key.replace(".", "/"), "w") as f:  # the namespace's own
+                    f.write(value)
+        self.ipr.link("set", index=LOOPBACK_IFINDEX, state="up")
+
+    def check_ports(self) -> None:
+        """Read the node's links, addresses and queues back in one dump each and compare every
+        port with what was asked of it: name at its ifindex, MTU, up, address, egress queue."""
+        links = {l["index"]: l for l in self.ipr.get_links()}
+        lo = links.get(LOOPBACK_IFINDEX)
+        if lo is None or lo.get_attr("IFLA_IFNAME") != "lo" or not lo["flags"] & IFF_UP:
+            raise FabricError(f"{self.name}: loopback is not up at ifindex {LOOPBACK_IFINDEX}")
+        addrs: dict[int, set] = {}
+        for a in self.ipr.get_addr(family=socket.AF_INET):
+            addrs.setdefault(a["index"], set()).add((a.get_attr("IFA_ADDRESS"), a["prefixlen"]))
+        qdiscs: dict[int, list] = {}
+        for q in self.ipr.get_qdiscs():
+            qdiscs.setdefault(q["index"], []).append(q)
+        for intf in self.intfList():
+            port = getattr(intf, "plan_port", None)
+            if port is None:
+                continue
+            where = f"{self.name}:{intf.name}"
+            link = links.get(port.ifindex)
+            if link is None or link.get_attr("IFLA_IFNAME") != intf.name:
+                raise FabricError(f"{where}: not at ifindex {port.ifindex} "
+                                  f"(the kernel has {link.get_attr('IFLA_IFNAME') if link else 'nothing'} there)")
+            if link.get_attr("IFLA_MTU") != intf.mtu:
+                raise FabricError(f"{where}: MTU is {link.get_attr('IFLA_MTU')}, expected {intf.mtu}")
+            if not link["flags"] & IFF_UP:
+                raise FabricError(f"{where}: the port is down after bringing it up")
+            if port.address is not None:
+                want = (str(port.address.ip), port.address.network.prefixlen)
+                if want not in addrs.get(port.ifindex, set()):
+                    raise FabricError(f"{where}: address {port.address} missing after adding it")
+            if intf.egress is not None:
+                queues.check(self.ipr, port.ifindex, intf.egress, where, intf.intra_delay,
+                             qdiscs.get(port.ifindex, []))
 
     def configure(self, plan: FabricPlan) -> None:
         """Role-specific set-up once all links exist."""
@@ -66,6 +150,9 @@ class FabricNode(MininetNode):
         if self.ipr is not None:
             self.ipr.close()
             self.ipr = None
+        if self.rtnl is not None:
+            self.rtnl.close()
+            self.rtnl = None
         super().terminate()
 
 
@@ -141,32 +228,29 @@ class PortIntf(Intf):
 
     def config(self, plan_port: Port | None = None, mtu: int = 1500, wan_delay: bool = True,
                intra_delay: bool = False, **_: Any) -> dict:
+        """Address and egress queue; the link was made up at its MTU (FabricLink). What took is
+        read back for the whole node at once (FabricNode.check_ports)."""
         if plan_port is None:
             return {}
         self.plan_port = plan_port
+        self.mtu = mtu
+        self.intra_delay = intra_delay
         ipr = self.node.ipr
         where = f"{self.node.name}:{self.name}"
-        try:
-            index = ipr.link_lookup(ifname=self.name)[0]
-            ipr.link("set", index=index, mtu=mtu, state="up")
-            if plan_port.address is not None:
-                addr = plan_port.address
-                ipr.addr("add", index=index, address=str(addr.ip), prefixlen=addr.network.prefixlen)
-                self.ip, self.prefixLen = str(addr.ip), addr.network.prefixlen
-        except (NetlinkError, IndexError) as e:
-            raise FabricError(f"{where}: configuring the port failed: {e}") from None
-        link = ipr.get_links(index)[0]
-        if link.get_attr("IFLA_MTU") != mtu:
-            raise FabricError(f"{where}: MTU is {link.get_attr('IFLA_MTU')}, expected {mtu}")
+        index = plan_port.ifindex
         if plan_port.address is not None:
-            have = {(a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr(index=index)}
-            if (str(plan_port.address.ip), plan_port.address.network.prefixlen) not in have:
-                raise FabricError(f"{where}: address {plan_port.address} missing after adding it")
+            addr = plan_port.address
+            try:
+                ipr.addr("add", index=index, address=str(addr.ip), prefixlen=addr.network.prefixlen)
+            except NetlinkError as e:
+                raise FabricError(f"{where}: adding address {addr} failed: {e}") from None
+            self.ip, self.prefixLen = str(addr.ip), addr.network.prefixlen
         egress = plan_port.egress
         if isinstance(egress, DelayLine) and not wan_delay:
             egress = None
+        self.egress = egress
         if egress is not None:
-            queues.install(ipr, index, egress, mtu, where, with_delay=intra_delay)
+            queues.install(ipr, index, egress, mtu, where, with_delay=intra_delay, check=False)
         return {}
 
 
@@ -182,34 +266,36 @@ class FabricLink(MininetLink):
         # ifinfomsg nested in VETH_INFO_PEER, so the request is built by hand.
         fd = os.open(netns.path(node2.name), os.O_RDONLY)
         try:
+            # Both ends get the fabric's MTU in the same request, and the first end comes up
+            # with it; the peer cannot (veth opens a device only once it has its peer), so it
+            # is brought up after.
+            mtu = plan.spec.mtu
             msg = ifinfmsg()
-            msg["index"] = index1
-            peer = {"index": index2, "attrs": [("IFLA_IFNAME", intfname2), ("IFLA_ADDRESS", addr2),
-                                                ("IFLA_NET_NS_FD", fd)]}
-            msg["attrs"] = [("IFLA_IFNAME", intfname1), ("IFLA_ADDRESS", addr1),
+            msg["index"], msg["flags"], msg["change"] = index1, IFF_UP, IFF_UP
+            peer = {"index": index2,
+                    "attrs": [("IFLA_IFNAME", intfname2), ("IFLA_ADDRESS", addr2), ("IFLA_MTU", mtu),
+                              ("IFLA_NET_NS_FD", fd)]}
+            msg["attrs"] = [("IFLA_IFNAME", intfname1), ("IFLA_ADDRESS", addr1), ("IFLA_MTU", mtu),
                             ("IFLA_LINKINFO", {"attrs": [("IFLA_INFO_KIND", "veth"),
                                                          ("IFLA_INFO_DATA", {"attrs": [("VETH_INFO_PEER", peer)]})]})]
             node1.ipr.nlm_request(msg, RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
+            node2.ipr.link("set", index=index2, state="up")
         except NetlinkError as e:
             raise FabricError(f"creating veth {node1.name}:{intfname1} <-> {node2.name}:{intfname2} "
                               f"(ifindex {index1}/{index2}) failed: {e}") from None
         finally:
             os.close(fd)
-        for node, name, index in ((node1, intfname1, index1), (node2, intfname2, index2)):
-            if node.ipr.link_lookup(ifname=name) != [index]:
-                raise FabricError(f"{node.name}:{name} did not get ifindex {index}")
         return None, None
 
 
 def install_routes(node: FabricNode, routes: tuple[Route, ...]) -> None:
     """Install ``routes`` in the node's main table, then read the table back and compare."""
-    ipr = node.ipr
-    index = {l.get_attr("IFLA_IFNAME"): l["index"] for l in ipr.get_links()}
-    for route in routes:
-        try:
-            ipr.route("add", **route_request(route.dst, [(gw, index[dev]) for gw, dev in route.nexthops]))
-        except NetlinkError as e:
-            raise FabricError(f"{node.name}: adding route {route.dst} via {route.nexthops} failed: {e}") from None
+    index = {p.ifname: p.ifindex for p in node.plan.ports(node.plan_node.name)}
+    adds = [rtnl.RouteAdd(r.dst, tuple((gw, index[dev]) for gw, dev in r.nexthops)) for r in routes]
+    try:
+        rtnl.add_routes(node.rtnl, adds)
+    except rtnl.RtnlError as e:
+        raise FabricError(f"{node.name}: {e}") from None
     have = read_routes(node)
     by_index = {v: k for k, v in index.items()}
     for route in routes:
@@ -222,23 +308,22 @@ def install_routes(node: FabricNode, routes: tuple[Route, ...]) -> None:
 
 def read_routes(node: FabricNode) -> dict[ipaddress.IPv4Network, set[tuple[str, int]]]:
     """The node's main IPv4 table: destination -> {(gateway or "", oif)}."""
-    out: dict[ipaddress.IPv4Network, set[tuple[str, int]]] = {}
-    for r in node.ipr.get_routes(family=socket.AF_INET, table=MAIN_TABLE):
-        dst = ipaddress.IPv4Network(f"{r.get_attr('RTA_DST') or '0.0.0.0'}/{r['dst_len']}")
-        hops = set()
-        mp = r.get_attr("RTA_MULTIPATH")
-        if mp:
-            for nh in mp:
-                hops.add((nh.get_attr("RTA_GATEWAY") or "", nh["oif"]))
-        else:
-            hops.add((r.get_attr("RTA_GATEWAY") or "", r.get_attr("RTA_OIF")))
-        out.setdefault(dst, set()).update(hops)
-    return out
+    try:
+        return rtnl.main_routes(node.rtnl)
+    except rtnl.RtnlError as e:
+        raise FabricError(f"{node.name}: {e}") from None
 
 
-# Programs and attaches the switches' datapath on a built fabric: (plan, each node's IPRoute,
-# whether the long-haul loss is applied there) -> a handle with close().
-DatapathBuilder = Callable[[FabricPlan, Mapping[str, IPRoute], bool], Any]
+class DatapathBuilder(Protocol):
+    """Builds the switches' datapath (emulator.bpf.install is one)."""
+
+    def load(self, plan: FabricPlan, loss_in_ebpf: bool) -> Any:
+        """Compile and load the programs and program their maps from the plan (it needs nothing
+        of the fabric, so it runs beside the build); ``loss_in_ebpf``: the long-haul loss is
+        applied there. Returns a handle with close()."""
+
+    def finish(self, datapath: Any, plan: FabricPlan, iproutes: Mapping[str, IPRoute]) -> None:
+        """Attach what load() returned to the built fabric (each node's IPRoute)."""
 
 
 class Fabric:
@@ -256,6 +341,9 @@ class Fabric:
         self.net: Mininet | None = None
         self.nodes: dict[str, FabricNode] = {}
         self.up_seconds: float | None = None
+        # Seconds each stage of the last start() took: nodes, links, configure, then the wait for the
+        # datapath's compile (it runs beside those) and its attach.
+        self.phases: dict[str, float] = {}
         self.datapath: Any = None  # what datapath_builder returned, closed on stop()
 
     def check_can_start(self) -> None:
@@ -297,26 +385,60 @@ class Fabric:
 
     def _build(self) -> None:
         plan = self.plan
+        self.phases = {}
+        mark = time.monotonic()
+
+        def stage(name: str) -> None:
+            nonlocal mark
+            now = time.monotonic()
+            self.phases[name] = now - mark
+            mark = now
+
+        ebpf = plan.spec.ecmp.datapath == "ebpf"
+        if ebpf and self.datapath_builder is None:
+            raise FabricError("the topology's switches run the eBPF datapath (ecmp.datapath: ebpf), "
+                              "but this fabric was given nothing to build it with")
+        _enough_descriptors(len(plan.nodes))
+        with ThreadPoolExecutor(1, thread_name_prefix="bp-datapath") as compiler:
+            # Without delay lines (no netem) the long-haul paths' loss is applied by the borders'
+            # egress program instead, so a lossy path stays lossy.
+            loading = compiler.submit(self.datapath_builder.load, plan, not self.wan_delay) if ebpf else None
+            try:
+                self._build_nodes(stage)
+            except BaseException:
+                if loading is not None:  # kept, so that stop() frees it
+                    try:
+                        self.datapath = loading.result()
+                    except BaseException:  # noqa: BLE001 - the build's own failure is the one to report
+                        pass
+                raise
+            if loading is not None:
+                self.datapath = loading.result()
+        if ebpf:
+            stage("datapath load wait")
+            self.datapath_builder.finish(self.datapath, plan, {name: node.ipr for name, node in self.nodes.items()})
+            stage("datapath attach")
+
+    def _build_nodes(self, stage) -> None:
+        plan = self.plan
         self.net = Mininet(topo=None, build=False, controller=None, link=FabricLink, intf=PortIntf)
         for n in plan.nodes:
             cls = ROLE_CLASSES[n.role]
             self.nodes[n.name] = self.net.addHost(plan.netns(n.name), cls=cls, plan_node=n, plan=plan)
+        for node in self.nodes.values():
+            node.finish_start()
+        stage("nodes")
         for link in plan.links:
             a, b = link.a, link.b
             common = {"mtu": plan.spec.mtu, "wan_delay": self.wan_delay, "intra_delay": self.intra_delay}
             self.net.addLink(self.nodes[a.node], self.nodes[b.node], intfName1=a.ifname, intfName2=b.ifname,
                              addr1=a.mac, addr2=b.mac, params1={"plan_port": a, **common},
                              params2={"plan_port": b, **common})
+        stage("links")
         for n in plan.nodes:
+            self.nodes[n.name].check_ports()
             self.nodes[n.name].configure(plan)
-        if plan.spec.ecmp.datapath == "ebpf":
-            if self.datapath_builder is None:
-                raise FabricError("the topology's switches run the eBPF datapath (ecmp.datapath: ebpf), "
-                                  "but this fabric was given nothing to build it with")
-            # Without delay lines (no netem) the long-haul paths' loss is applied by the borders'
-            # egress program instead, so a lossy path stays lossy.
-            self.datapath = self.datapath_builder(plan, {name: node.ipr for name, node in self.nodes.items()},
-                                                  not self.wan_delay)
+        stage("configure")
 
     def stop(self) -> None:
         """Remove every process, namespace and link of this fabric; raise if any is left."""
@@ -332,6 +454,20 @@ class Fabric:
             # The programs left the kernel's ports with the namespaces; this frees them and the maps.
             self.datapath.close()
             self.datapath = None
+
+
+def _enough_descriptors(nodes: int) -> None:
+    """Raise this process's open-file limit to what ``nodes`` need, within its hard limit (a
+    per-process limit, not a global setting); raise if the hard limit is too low."""
+    need = nodes * FDS_PER_NODE + FDS_SPARE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= need or soft == resource.RLIM_INFINITY:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise CapabilityError(f"a fabric of {nodes} nodes holds about {need} descriptors open, and this "
+                              f"process may open only {hard}",
+                              f"ulimit -n {need} (or raise nofile in /etc/security/limits.conf), then retry")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 def remove_fabric_namespaces(prefix: str) -> list[str]:

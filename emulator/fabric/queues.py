@@ -77,12 +77,17 @@ def _burst(rate_bps: int, mtu: int) -> int:
     return max(2 * (mtu + ETH_HEADER), int(rate_bps / 8 * BURST_SECONDS))
 
 
+def _delayed(egress: Shaping | DelayLine, with_delay: bool) -> bool:
+    return with_delay and isinstance(egress, Shaping) and egress.delay_s > 0
+
+
 def install(ipr: IPRoute, index: int, egress: Shaping | DelayLine, mtu: int, where: str,
-            with_delay: bool = False) -> None:
-    """Install ``egress`` as the root qdisc of interface ``index``; raise unless it took. With
-    ``with_delay``, a shaped egress that carries an in-DC delay gets it as a netem under the
-    shaper (HTB only: TBF takes no child here) instead of its FIFO."""
-    delayed = with_delay and isinstance(egress, Shaping) and egress.delay_s > 0
+            with_delay: bool = False, check: bool = True) -> None:
+    """Install ``egress`` as the root qdisc of interface ``index``; raise unless it took (with
+    ``check`` False the caller reads it back later, with check()). With ``with_delay``, a shaped
+    egress that carries an in-DC delay gets it as a netem under the shaper (HTB only: TBF takes
+    no child here) instead of its FIFO."""
+    delayed = _delayed(egress, with_delay)
     try:
         if isinstance(egress, Shaping):
             rate = egress.rate_bps // 8  # bytes per second, as HTB/TBF carry it
@@ -115,8 +120,15 @@ def install(ipr: IPRoute, index: int, egress: Shaping | DelayLine, mtu: int, whe
             raise CapabilityError(f"{where}: the kernel has no {kind} qdisc",
                                   NETEM_FIX if kind == "netem" else f"a kernel with {kind} (CONFIG_NET_SCH_{kind.upper()})")
         raise FabricError(f"{where}: adding the {kind} qdisc failed: {os.strerror(e.code)}") from None
-    got = read(ipr, index)
-    _verify(got, egress, where, delayed)
+    if check:
+        _verify(read(ipr, index), egress, where, delayed)
+
+
+def check(ipr: IPRoute, index: int, egress: Shaping | DelayLine, where: str, with_delay: bool = False,
+          qdiscs: list | None = None) -> None:
+    """Raise unless interface ``index`` holds ``egress`` as install() puts it; ``qdiscs``: the
+    interface's qdiscs from a dump already made (a node's ports are read in one)."""
+    _verify(read(ipr, index, qdiscs), egress, where, _delayed(egress, with_delay))
 
 
 def _install_priorities(ipr: IPRoute, index: int, egress: Shaping, mtu: int, where: str, delayed: bool) -> None:
@@ -181,21 +193,16 @@ def set_delay_line(ipr: IPRoute, index: int, line: DelayLine, where: str) -> Non
                           f"{line.corruption}")
 
 
-def gates(ipr: IPRoute, index: int) -> dict[int, int]:
+def gates(ipr: IPRoute, index: int, qdiscs: list | None = None) -> dict[int, int]:
     """Each priority's pause gate as the kernel holds it: priority -> TBF rate, bytes/s."""
     out = {}
-    for q in ipr.get_qdiscs(index=index):
+    for q in ipr.get_qdiscs(index=index) if qdiscs is None else qdiscs:
         minor_parent = q["parent"] & 0xFFFF
         if q.get_attr("TCA_KIND") == "tbf" and LEAF_BASE <= minor_parent < LEAF_BASE + NUM_PRIO:
             out[minor_parent - LEAF_BASE] = q.get_attr("TCA_OPTIONS").get_attr("TCA_TBF_PARMS")["rate"]
     return out
 
 
-def netlink_socket() -> socket.socket:
-    """A bare rtnetlink socket, in the namespace the calling thread is in."""
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)  # NETLINK_ROUTE
-    sock.bind((0, 0))
-    return sock
 
 
 class Gate:
@@ -235,20 +242,23 @@ class Gate:
                               f"{os.strerror(-error) if error else f'netlink reply type {kind}'}")
 
 
-def read(ipr: IPRoute, index: int) -> dict:
-    """What the kernel has on this egress, in base units."""
-    qdiscs = {q["handle"]: q for q in ipr.get_qdiscs(index=index)}
+def read(ipr: IPRoute, index: int, qdiscs: list | None = None) -> dict:
+    """What the kernel has on this egress, in base units; ``qdiscs``: the interface's qdiscs
+    from a dump already made."""
+    listed = ipr.get_qdiscs(index=index) if qdiscs is None else qdiscs
+    qdiscs = {q["handle"]: q for q in listed}
     root = next((q for q in qdiscs.values() if q["parent"] == 0xFFFFFFFF), None)
     if root is None:
         return {"kind": "none"}
     kind = root.get_attr("TCA_KIND")
     out: dict = {"kind": kind}
     if kind == "htb":
-        classes = [c for c in ipr.get_classes(index=index) if c["handle"] == CLASS]
-        leaves = sorted(c["handle"] & 0xFFFF for c in ipr.get_classes(index=index) if c["parent"] == CLASS)
+        all_classes = ipr.get_classes(index=index)
+        classes = [c for c in all_classes if c["handle"] == CLASS]
+        leaves = sorted(c["handle"] & 0xFFFF for c in all_classes if c["parent"] == CLASS)
         if leaves:
             out["leaves"] = leaves
-            out["gates"] = gates(ipr, index)
+            out["gates"] = gates(ipr, index, listed)
             control = qdiscs.get(CONTROL_FIFO << 16)
             out["control_fifo"] = control.get_attr("TCA_KIND") if control is not None else None
         if classes:

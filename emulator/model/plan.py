@@ -9,6 +9,8 @@ Names carry the fabric's prefix ``bp-<name>-`` (namespaces, Mininet node shells)
 """
 from __future__ import annotations
 
+import functools
+
 import ipaddress
 import math
 import re
@@ -145,26 +147,46 @@ class FabricPlan:
     def netns(self, node: str) -> str:
         return f"{self.prefix}{node}"
 
+    @functools.cached_property
+    def _nodes_by_name(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+    @functools.cached_property
+    def _ports_by_node(self) -> dict[str, list[Port]]:
+        """Each node's ports in link order: looked up per port while a fabric is built, so a
+        scan of every link each time would make a thousand-node build quadratic."""
+        out: dict[str, list[Port]] = {}
+        for link in self.links:
+            for port in (link.a, link.b):
+                out.setdefault(port.node, []).append(port)
+        return out
+
+    @functools.cached_property
+    def _port_by_name(self) -> dict[tuple[str, str], Port]:
+        return {(p.node, p.ifname): p for ports in self._ports_by_node.values() for p in ports}
+
     def node(self, name: str) -> Node:
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise KeyError(name)
+        try:
+            return self._nodes_by_name[name]
+        except KeyError:
+            raise KeyError(name) from None
 
     def by_role(self, role: str) -> list[Node]:
         return [n for n in self.nodes if n.role == role]
 
     def ports(self, node: str | None = None) -> Iterator[Port]:
+        if node is not None:
+            yield from self._ports_by_node.get(node, ())
+            return
         for link in self.links:
-            for port in (link.a, link.b):
-                if node is None or port.node == node:
-                    yield port
+            yield link.a
+            yield link.b
 
     def port(self, node: str, ifname: str) -> Port:
-        for p in self.ports(node):
-            if p.ifname == ifname:
-                return p
-        raise KeyError(f"{node}:{ifname}")
+        try:
+            return self._port_by_name[(node, ifname)]
+        except KeyError:
+            raise KeyError(f"{node}:{ifname}") from None
 
     def peer(self, port: Port) -> Port:
         return self.port(port.peer_node, port.peer_ifname)

@@ -80,7 +80,13 @@ def test_ctrl_c_stops_the_vm():
                 break
         assert ours(), "no VM while the guest command runs"
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            vms = ours()
+            proc.kill()
+            _, err = proc.communicate()
+            raise AssertionError(f"the runner still ran 30 s after Ctrl-C (its VMs then: {vms}); it said:\n{err}")
     finally:
         if proc.poll() is None:
             proc.kill()
