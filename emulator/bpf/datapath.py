@@ -21,7 +21,7 @@ from emulator import REPO
 from emulator.bpf import structs as S
 from emulator.bpf.syscall import BpfError, load_xdp_frags, prog_id
 from emulator.errors import CapabilityError, FabricError
-from emulator.fabric import capabilities, netns
+from emulator.fabric import capabilities, netns, rtnl
 from emulator.nic import wire
 
 EBPF_DIR = REPO / "ebpf"
@@ -201,6 +201,42 @@ class Datapath:
         if switch:
             self.attach_tc(ns, ipr, ifname, index=index)
 
+    def attach_xdp_all(self, ns: str, sock: socket.socket, ports: dict[int, str]) -> None:
+        """XDP on every port (ifindex -> name) of namespace ``ns`` in one batch of netlink
+        requests on ``sock`` (a socket of that namespace); read back with check_xdp."""
+        fd = self.fds[XDP_PROG]
+        try:
+            rtnl.request_all(sock, [rtnl.xdp_message(i, fd, XDP_FLAGS_DRV_MODE) for i in ports],
+                             [f"{ns}:{n}: attaching {XDP_PROG} in native mode" for n in ports.values()])
+        except rtnl.RtnlError as e:
+            raise FabricError(str(e)) from None
+
+    def attach_tc_all(self, ns: str, sock: socket.socket, ports: dict[int, tuple[str, bool]]) -> None:
+        """The tc programs on ports (ifindex -> (name, with the ingress program)) of namespace
+        ``ns`` in one batch on ``sock``, then each port's filters read back by program id."""
+        messages, what = [], []
+        for index, (ifname, ingress) in ports.items():
+            messages.append(rtnl.tc_message("add", "clsact", index))
+            what.append(f"{ns}:{ifname}: adding clsact")
+            for parent, name in self._hooks(ingress):
+                messages.append(rtnl.tc_message("add-filter", "bpf", index, 1, fd=self.fds[name], name=name,
+                                                parent=parent, classid=1, direct_action=True))
+                what.append(f"{ns}:{ifname}: attaching {name}")
+        try:
+            rtnl.request_all(sock, messages, what)
+            for index, (ifname, ingress) in ports.items():
+                for parent, name in self._hooks(ingress):
+                    got = rtnl.bpf_filters(sock, index, parent)
+                    if got != [(name, self.prog_ids[name])]:
+                        raise FabricError(f"{ns}:{ifname}: tc {'ingress' if parent == TC_INGRESS_PARENT else 'egress'} "
+                                          f"holds {got} after attaching {name} (program {self.prog_ids[name]})")
+        except rtnl.RtnlError as e:
+            raise FabricError(str(e)) from None
+
+    @staticmethod
+    def _hooks(ingress: bool) -> list[tuple[int, str]]:
+        return ([(TC_INGRESS_PARENT, TC_INGRESS_PROG)] if ingress else []) + [(TC_EGRESS_PARENT, TC_EGRESS_PROG)]
+
     def check_xdp(self, ns: str, ipr: IPRoute, ports: dict[int, str], links: list | None = None) -> None:
         """Raise unless every port (ifindex -> name) of namespace ``ns`` runs our XDP program in
         native mode; ``links``: the namespace's links from a dump already made."""
@@ -218,7 +254,7 @@ class Datapath:
         """tc ingress (forwarding) and egress (queue, ECN, tail drop) on a switch port; egress
         alone (``ingress`` False) on a host's port, to put its packets in their priority's queue."""
         where, index = self._port(ipr, ns, ifname, "attach the datapath to", index)
-        hooks = ([(TC_INGRESS_PARENT, TC_INGRESS_PROG)] if ingress else []) + [(TC_EGRESS_PARENT, TC_EGRESS_PROG)]
+        hooks = self._hooks(ingress)
         try:
             ipr.tc("add", "clsact", index)
             for parent, name in hooks:

@@ -14,6 +14,7 @@ from emulator.bpf import structs as S
 from emulator.bpf.datapath import Datapath
 from emulator.bpf.pfc import PfcAgent
 from emulator.errors import FabricError
+from emulator.fabric import netns, rtnl
 from emulator.model.plan import FabricPlan, Port, Shaping, SWITCH_ROLES
 from emulator.model import pfc as pfc_model
 from emulator.model.spec import FabricSpec
@@ -88,22 +89,29 @@ def program(datapath: Datapath, plan: FabricPlan, loss_in_ebpf: bool = False) ->
 
 
 def attach(datapath: Datapath, plan: FabricPlan, iproutes: Mapping[str, IPRoute]) -> None:
-    """Attach to every port: all XDP first (dequeue side), then the switches' tc programs."""
-    # The fabric checked every port's ifindex as it built them (FabricNode.check_ports).
-    ports = list(plan.ports())
-    for port in ports:
-        datapath.attach(plan.netns(port.node), iproutes[port.node], port.ifname, switch=False, index=port.ifindex,
-                        check=False)
-    for node in plan.nodes:
-        mine = {p.ifindex: p.ifname for p in plan.ports(node.name)}
-        if mine:
-            datapath.check_xdp(plan.netns(node.name), iproutes[node.name], mine)
-    for port in ports:
-        if plan.node(port.node).role in SWITCH_ROLES:
-            datapath.attach_tc(plan.netns(port.node), iproutes[port.node], port.ifname, index=port.ifindex)
-        elif isinstance(port.egress, Shaping) and port.egress.priorities:
-            datapath.attach_tc(plan.netns(port.node), iproutes[port.node], port.ifname, ingress=False,
-                               index=port.ifindex)
+    """Attach to every port: all XDP first (dequeue side), then the switches' tc programs; one
+    batch of requests per node and pass, each read back. The fabric checked every port's
+    ifindex as it built them (FabricNode.check_ports)."""
+    sockets = {}
+    try:
+        for node in plan.nodes:
+            if any(True for _ in plan.ports(node.name)):
+                with netns.entered(plan.netns(node.name)):
+                    sockets[node.name] = rtnl.socket_here()
+        for name, sock in sockets.items():
+            datapath.attach_xdp_all(plan.netns(name), sock, {p.ifindex: p.ifname for p in plan.ports(name)})
+        for name in sockets:
+            datapath.check_xdp(plan.netns(name), iproutes[name], {p.ifindex: p.ifname for p in plan.ports(name)})
+        for name, sock in sockets.items():
+            switch = plan.node(name).role in SWITCH_ROLES
+            # A host's port gets the egress program only to put its packets in their priority's queue.
+            tc = {p.ifindex: (p.ifname, switch) for p in plan.ports(name)
+                  if switch or (isinstance(p.egress, Shaping) and p.egress.priorities)}
+            if tc:
+                datapath.attach_tc_all(plan.netns(name), sock, tc)
+    finally:
+        for sock in sockets.values():
+            sock.close()
 
 
 def load(plan: FabricPlan, loss_in_ebpf: bool) -> Datapath:

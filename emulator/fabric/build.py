@@ -67,10 +67,12 @@ class FabricNode(MininetNode):
         that a thousand bash start-ups overlap instead of queueing."""
         if self.shell:
             raise FabricError(f"{self.name}: its shell is already running")
-        cmd = ["mnexec", "-cdn", "env", "PS1=" + chr(127), "bash", "--norc", "--noediting", "-is",
-               "mininet:" + self.name]
+        # Mininet's command but for its `env PS1=...`: the prompt comes in the environment, one
+        # exec fewer per node.
+        cmd = ["mnexec", "-cdn", "bash", "--norc", "--noediting", "-is", "mininet:" + self.name]
         self.master, self.slave = pty.openpty()
-        self.shell = self._popen(cmd, stdin=self.slave, stdout=self.slave, stderr=self.slave, close_fds=False)
+        self.shell = self._popen(cmd, stdin=self.slave, stdout=self.slave, stderr=self.slave, close_fds=False,
+                                 env={**os.environ, "PS1": chr(127)})
         self.stdin = os.fdopen(self.master, "r")
         self.stdout = self.stdin
         self.pid = self.shell.pid
@@ -107,7 +109,10 @@ class FabricNode(MininetNode):
             for key, value in self.SYSCTLS:
                 with open("/proc/sys/" + key.replace(".", "/"), "w") as f:  # the namespace's own
                     f.write(value)
-        self.ipr.link("set", index=LOOPBACK_IFINDEX, state="up")
+        try:
+            rtnl.request_all(self.rtnl, [rtnl.link_up_message(LOOPBACK_IFINDEX)], ["bringing lo up"])
+        except rtnl.RtnlError as e:
+            raise FabricError(f"{self.name}: {e}") from None
 
     def check_ports(self) -> None:
         """Read the node's links, addresses and queues back in one dump each and compare every
@@ -235,22 +240,25 @@ class PortIntf(Intf):
         self.plan_port = plan_port
         self.mtu = mtu
         self.intra_delay = intra_delay
-        ipr = self.node.ipr
         where = f"{self.node.name}:{self.name}"
         index = plan_port.ifindex
+        requests = []  # (message, what it does), sent in one batch
         if plan_port.address is not None:
             addr = plan_port.address
-            try:
-                ipr.addr("add", index=index, address=str(addr.ip), prefixlen=addr.network.prefixlen)
-            except NetlinkError as e:
-                raise FabricError(f"{where}: adding address {addr} failed: {e}") from None
+            requests.append((rtnl.addr_message(index, addr), f"adding address {addr}"))
             self.ip, self.prefixLen = str(addr.ip), addr.network.prefixlen
         egress = plan_port.egress
         if isinstance(egress, DelayLine) and not wan_delay:
             egress = None
         self.egress = egress
         if egress is not None:
-            queues.install(ipr, index, egress, mtu, where, with_delay=intra_delay, check=False)
+            queues.install(self.node.ipr, index, egress, mtu, where, with_delay=intra_delay, check=False,
+                           sock=self.node.rtnl, before=requests)
+        elif requests:
+            try:
+                rtnl.request_all(self.node.rtnl, [m for m, _ in requests], [w for _, w in requests])
+            except rtnl.RtnlError as e:
+                raise FabricError(f"{where}: {e}") from None
         return {}
 
 
@@ -279,8 +287,8 @@ class FabricLink(MininetLink):
                             ("IFLA_LINKINFO", {"attrs": [("IFLA_INFO_KIND", "veth"),
                                                          ("IFLA_INFO_DATA", {"attrs": [("VETH_INFO_PEER", peer)]})]})]
             node1.ipr.nlm_request(msg, RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
-            node2.ipr.link("set", index=index2, state="up")
-        except NetlinkError as e:
+            rtnl.request_all(node2.rtnl, [rtnl.link_up_message(index2)], [f"bringing {node2.name}:{intfname2} up"])
+        except (NetlinkError, rtnl.RtnlError) as e:
             raise FabricError(f"creating veth {node1.name}:{intfname1} <-> {node2.name}:{intfname2} "
                               f"(ifindex {index1}/{index2}) failed: {e}") from None
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+from typing import Sequence
 
 from pyroute2 import IPRoute
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR
@@ -17,6 +18,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.tcmsg import plugins, sched_pfifo
 
 from emulator.errors import CapabilityError, FabricError
+from emulator.fabric import rtnl
 from emulator.model.plan import DelayLine, Shaping
 from emulator.model.spec import ETH_HEADER
 
@@ -82,44 +84,59 @@ def _delayed(egress: Shaping | DelayLine, with_delay: bool) -> bool:
 
 
 def install(ipr: IPRoute, index: int, egress: Shaping | DelayLine, mtu: int, where: str,
-            with_delay: bool = False, check: bool = True) -> None:
+            with_delay: bool = False, check: bool = True, sock: socket.socket | None = None,
+            before: Sequence[tuple[bytes, str]] = ()) -> None:
     """Install ``egress`` as the root qdisc of interface ``index``; raise unless it took (with
     ``check`` False the caller reads it back later, with check()). With ``with_delay``, a shaped
     egress that carries an in-DC delay gets it as a netem under the shaper (HTB only: TBF takes
-    no child here) instead of its FIFO."""
+    no child here) instead of its FIFO. ``sock``: a bare rtnetlink socket in the interface's
+    namespace to send the requests on in one batch (rtnl.tc_message), instead of ``ipr``, after
+    the requests ``before`` (message, what it does) of the same port."""
     delayed = _delayed(egress, with_delay)
-    try:
-        if isinstance(egress, Shaping):
-            rate = egress.rate_bps // 8  # bytes per second, as HTB/TBF carry it
-            burst = _burst(egress.rate_bps, mtu)
-            frame = mtu + ETH_HEADER
-            if egress.priorities:
-                _install_priorities(ipr, index, egress, mtu, where, delayed)
-            elif egress.shaper == "htb":
-                ipr.tc("add", "htb", index, ROOT, default=1)
-                ipr.tc("add-class", "htb", index, CLASS, parent=ROOT, rate=rate, ceil=rate,
-                       burst=burst, cburst=burst, quantum=frame, mtu=frame)
-                if delayed:
-                    ipr.tc("add", "netem", index, LEAF, parent=CLASS, delay=egress.delay_s * 1e6,
-                           limit=egress.delay_limit_packets)
-                else:
-                    ipr.tc("add", "bfifo", index, LEAF, parent=CLASS, limit=egress.qdisc_limit)
+    requests: list[tuple[str, str, int, dict]] = []
+
+    def tc(command: str, kind: str, handle: int, **kwargs) -> None:
+        requests.append((command, kind, handle, kwargs))
+
+    if isinstance(egress, Shaping):
+        rate = egress.rate_bps // 8  # bytes per second, as HTB/TBF carry it
+        burst = _burst(egress.rate_bps, mtu)
+        frame = mtu + ETH_HEADER
+        if egress.priorities:
+            _install_priorities(tc, egress, mtu, where, delayed)
+        elif egress.shaper == "htb":
+            tc("add", "htb", ROOT, default=1)
+            tc("add-class", "htb", CLASS, parent=ROOT, rate=rate, ceil=rate, burst=burst, cburst=burst,
+               quantum=frame, mtu=frame)
+            if delayed:
+                tc("add", "netem", LEAF, parent=CLASS, delay=egress.delay_s * 1e6, limit=egress.delay_limit_packets)
             else:
-                if delayed:
-                    raise FabricError(f"{where}: the in-DC delay needs a netem under the shaper; "
-                                      "use shaper: htb")
-                ipr.tc("add", "tbf", index, ROOT, rate=rate, burst=burst, limit=egress.qdisc_limit, mtu=frame)
+                tc("add", "bfifo", LEAF, parent=CLASS, limit=egress.qdisc_limit)
         else:
-            ipr.tc("add", "netem", index, ROOT, delay=egress.delay_s * 1e6, limit=egress.limit_packets,
-                   loss=egress.loss * 100, prob_corrupt=egress.corruption * 100)
-    except NetlinkError as e:
+            if delayed:
+                raise FabricError(f"{where}: the in-DC delay needs a netem under the shaper; use shaper: htb")
+            tc("add", "tbf", ROOT, rate=rate, burst=burst, limit=egress.qdisc_limit, mtu=frame)
+    else:
+        tc("add", "netem", ROOT, delay=egress.delay_s * 1e6, limit=egress.limit_packets,
+           loss=egress.loss * 100, prob_corrupt=egress.corruption * 100)
+    try:
+        if sock is None:
+            for command, kind, handle, kwargs in requests:
+                ipr.tc(command, kind, index, handle, **kwargs)
+        else:
+            messages = [m for m, _ in before] + [rtnl.tc_message(c, k, index, h, **kw) for c, k, h, kw in requests]
+            rtnl.request_all(sock, messages, [w for _, w in before] + [f"{c} {k} {h:#x}" for c, k, h, _ in requests])
+    except (NetlinkError, rtnl.RtnlError) as e:
+        code = e.code if isinstance(e, NetlinkError) else e.errno
         kind = "netem" if isinstance(egress, DelayLine) or delayed else egress.shaper
-        if e.code == 2:  # ENOENT: the kernel has no such qdisc
+        if code == 2:  # ENOENT: the kernel has no such qdisc
             from emulator.fabric.capabilities import NETEM_FIX
 
             raise CapabilityError(f"{where}: the kernel has no {kind} qdisc",
                                   NETEM_FIX if kind == "netem" else f"a kernel with {kind} (CONFIG_NET_SCH_{kind.upper()})")
-        raise FabricError(f"{where}: adding the {kind} qdisc failed: {os.strerror(e.code)}") from None
+        if isinstance(e, rtnl.RtnlError):  # it names the request that failed
+            raise FabricError(f"{where}: {e}") from None
+        raise FabricError(f"{where}: adding the {kind} qdisc failed: {os.strerror(code)}") from None
     if check:
         _verify(read(ipr, index), egress, where, delayed)
 
@@ -131,7 +148,7 @@ def check(ipr: IPRoute, index: int, egress: Shaping | DelayLine, where: str, wit
     _verify(read(ipr, index, qdiscs), egress, where, _delayed(egress, with_delay))
 
 
-def _install_priorities(ipr: IPRoute, index: int, egress: Shaping, mtu: int, where: str, delayed: bool) -> None:
+def _install_priorities(tc, egress: Shaping, mtu: int, where: str, delayed: bool) -> None:
     if delayed:
         raise FabricError(f"{where}: PFC's per-priority gates and the in-DC delay line (a netem under the "
                           "shaper) are not built together yet; run PFC topologies where the kernel has no "
@@ -140,18 +157,18 @@ def _install_priorities(ipr: IPRoute, index: int, egress: Shaping, mtu: int, whe
     frame = mtu + ETH_HEADER
     burst = _burst(egress.rate_bps, mtu)
     share = max(1, rate // (NUM_PRIO + 1))
-    ipr.tc("add", "htb", index, ROOT, default=LEAF_BASE)
-    ipr.tc("add-class", "htb", index, CLASS, parent=ROOT, rate=rate, ceil=rate, burst=burst, cburst=burst,
-           quantum=frame, mtu=frame)
+    tc("add", "htb", ROOT, default=LEAF_BASE)
+    tc("add-class", "htb", CLASS, parent=ROOT, rate=rate, ceil=rate, burst=burst, cburst=burst, quantum=frame,
+       mtu=frame)
     gate = open_gate(egress.rate_bps, mtu)
     for prio in range(NUM_PRIO):
-        ipr.tc("add-class", "htb", index, class_id(LEAF_BASE + prio), parent=CLASS, rate=share, ceil=rate,
-               burst=burst, cburst=burst, quantum=frame, mtu=frame, prio=1)
-        ipr.tc("add", "tbf", index, gate_handle(prio), parent=class_id(LEAF_BASE + prio), mtu=frame,
-               limit=egress.lossless_limit, **gate)
-    ipr.tc("add-class", "htb", index, class_id(CONTROL), parent=CLASS, rate=share, ceil=rate, burst=burst,
-           cburst=burst, quantum=frame, mtu=frame, prio=0)
-    ipr.tc("add", "bfifo", index, CONTROL_FIFO << 16, parent=class_id(CONTROL), limit=CONTROL_LIMIT_FRAMES * frame)
+        tc("add-class", "htb", class_id(LEAF_BASE + prio), parent=CLASS, rate=share, ceil=rate, burst=burst,
+           cburst=burst, quantum=frame, mtu=frame, prio=1)
+        tc("add", "tbf", gate_handle(prio), parent=class_id(LEAF_BASE + prio), mtu=frame,
+           limit=egress.lossless_limit, **gate)
+    tc("add-class", "htb", class_id(CONTROL), parent=CLASS, rate=share, ceil=rate, burst=burst, cburst=burst,
+       quantum=frame, mtu=frame, prio=0)
+    tc("add", "bfifo", CONTROL_FIFO << 16, parent=class_id(CONTROL), limit=CONTROL_LIMIT_FRAMES * frame)
 
 
 def set_rate(ipr: IPRoute, index: int, egress: Shaping, rate_bps: int, mtu: int, where: str) -> None:

@@ -100,3 +100,54 @@ def _split(data: bytes) -> list[bytes]:
         out.append(data[off:off + length])
         off += (length + 3) & ~3
     return out
+
+
+TC_CASES = [
+    ("add", "htb", 0x10000, {"default": 1}),
+    ("add-class", "htb", 0x10001, {"parent": 0x10000, "rate": 50_000_000, "ceil": 50_000_000, "burst": 8600,
+                                   "cburst": 8600, "quantum": 4214, "mtu": 4214}),
+    ("add", "bfifo", 0x100000, {"parent": 0x10001, "limit": 16_000_000}),
+    ("add", "tbf", 0x200000, {"parent": 0x10010, "rate": 200_000_000, "burst": 20_000, "limit": 90_000,
+                              "mtu": 4214}),
+    ("add", "netem", 0x10000, {"delay": 15000.0, "limit": 1000, "loss": 0.01, "prob_corrupt": 0.0}),
+    ("add", "clsact", 0, {}),
+    ("add-filter", "bpf", 1, {"fd": 7, "name": "bp_tc_ingress", "parent": 0xFFFFFFF2, "classid": 1,
+                              "direct_action": True}),
+]
+
+
+@pytest.mark.parametrize("command,kind,handle,kwargs", TC_CASES, ids=[f"{c[0]}-{c[1]}" for c in TC_CASES])
+def test_a_tc_message_is_what_ipr_tc_would_send_for_that_port(command, kind, handle, kwargs):
+    from emulator.fabric import queues  # noqa: F401 - names bfifo among pyroute2's tc plugins
+
+    for ifindex in (100, 2345):  # one template, any port
+        batch = IPBatch()
+        batch.tc(command, kind, ifindex, handle, **dict(kwargs))
+        theirs = bytes(batch.batch)
+        ours = rtnl.tc_message(command, kind, ifindex, handle, **kwargs)
+        assert ours[:8] == theirs[:8] and ours[16:] == theirs[16:]
+
+
+def test_an_xdp_attach_is_what_ip_link_sends():
+    msg = rtnl.xdp_message(321, 9, 1 << 2)
+    length, kind, flags = struct.unpack_from("=IHH", msg)
+    assert (length, kind, flags) == (len(msg), rtnl.RTM_SETLINK, rtnl.NLM_F_REQUEST | rtnl.NLM_F_ACK)
+    family, _, index, _, _ = struct.unpack_from("=BxHiII", msg, 16)
+    assert (family, index) == (socket.AF_UNSPEC, 321)
+    # IFLA_XDP, nested: the program's fd, then the mode flags (native)
+    assert msg[32:] == struct.pack("=HHHHiHHI", 20, 43 | 0x8000, 8, 1, 9, 8, 3, 1 << 2)
+
+
+@pytest.mark.parametrize("address", ["198.19.0.3/31", "198.18.0.1/32"])
+def test_an_address_and_a_link_up_are_what_pyroute2_would_send(address):
+    iface = ipaddress.IPv4Interface(address)
+    batch = IPBatch()
+    batch.addr("add", index=105, address=str(iface.ip), prefixlen=iface.network.prefixlen)
+    theirs = bytes(batch.batch)
+    ours = rtnl.addr_message(105, iface)
+    assert ours[:8] == theirs[:8] and ours[16:] == theirs[16:]
+    batch = IPBatch()
+    batch.link("set", index=105, state="up")
+    theirs = bytes(batch.batch)
+    ours = rtnl.link_up_message(105)
+    assert ours[:8] == theirs[:8] and ours[16:] == theirs[16:]
