@@ -106,9 +106,7 @@ class FabricNode(MininetNode):
         with netns.entered(self.name):
             self.ipr = IPRoute()
             self.rtnl = rtnl.socket_here()
-            for key, value in self.SYSCTLS:
-                with open("/proc/sys/" + key.replace(".", "/"), "w") as f:  # the namespace's own
-                    f.write(value)
+            netns.write_sysctls_here(self.SYSCTLS)
         try:
             rtnl.request_all(self.rtnl, [rtnl.link_up_message(LOOPBACK_IFINDEX)], ["bringing lo up"])
         except rtnl.RtnlError as e:

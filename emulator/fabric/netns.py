@@ -69,9 +69,15 @@ def iproute(name: str) -> IPRoute:
 
 def write_sysctl(name: str, key: str, value: str | int) -> None:
     """Set a per-namespace sysctl (net.*) inside ``name``, never the host's."""
-    if not key.startswith("net."):
-        raise ValueError(f"{key} is not a per-namespace sysctl")
     with entered(name):
+        write_sysctls_here([(key, value)])
+
+
+def write_sysctls_here(pairs) -> None:
+    """Set per-namespace sysctls (net.*) in the namespace the calling thread is in."""
+    for key, value in pairs:
+        if not key.startswith("net."):
+            raise ValueError(f"{key} is not a per-namespace sysctl")
         with open("/proc/sys/" + key.replace(".", "/"), "w") as f:
             f.write(str(value))
 

@@ -213,27 +213,34 @@ def request_all(sock: socket.socket, messages: Sequence[bytes], what: Sequence[s
         seq0 += len(chunk)
 
 
-def bpf_filters(sock: socket.socket, ifindex: int, parent: int) -> list[tuple[str, int]]:
-    """(program name, program id) of each bpf filter on ``ifindex`` under ``parent``, one dump."""
-    request = _NLMSG.pack(_NLMSG.size + _TCMSG.size, RTM_GETTFILTER, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
-    sock.send(request + _TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, parent, 0))
-    out = []
+def _dump(sock: socket.socket, request: bytes, answer: int, what: str) -> Iterable[memoryview]:
+    """Send a dump request and yield the payload of each ``answer`` message until the dump ends."""
+    sock.send(request)
     while True:
         for kind, _, _, payload in _messages(sock.recv(1 << 20)):
             if kind == NLMSG_DONE:
-                return out
+                return
             if kind == NLMSG_ERROR:
                 error = -_ERR.unpack_from(payload)[0]
-                raise RtnlError(f"dumping the filters of ifindex {ifindex} failed: {os.strerror(error)}", error)
-            if kind != RTM_NEWTFILTER:
-                continue
-            attrs = _attrs(payload[_TCMSG.size:])
-            if bytes(attrs.get(TCA_KIND, b"")).rstrip(b"\0") != b"bpf" or TCA_OPTIONS not in attrs:
-                continue
-            opts = _attrs(attrs[TCA_OPTIONS])
-            name = bytes(opts.get(TCA_BPF_NAME, b"")).rstrip(b"\0").decode()
-            prog = struct.unpack_from("=I", opts[TCA_BPF_ID])[0] if TCA_BPF_ID in opts else 0
-            out.append((name, prog))
+                raise RtnlError(f"dumping {what} failed: {os.strerror(error)}", error)
+            if kind == answer:
+                yield payload
+
+
+def bpf_filters(sock: socket.socket, ifindex: int, parent: int) -> list[tuple[str, int]]:
+    """(program name, program id) of each bpf filter on ``ifindex`` under ``parent``, one dump."""
+    request = (_NLMSG.pack(_NLMSG.size + _TCMSG.size, RTM_GETTFILTER, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
+               + _TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, parent, 0))
+    out = []
+    for payload in _dump(sock, request, RTM_NEWTFILTER, f"the filters of ifindex {ifindex}"):
+        attrs = _attrs(payload[_TCMSG.size:])
+        if bytes(attrs.get(TCA_KIND, b"")).rstrip(b"\0") != b"bpf" or TCA_OPTIONS not in attrs:
+            continue
+        opts = _attrs(attrs[TCA_OPTIONS])
+        name = bytes(opts.get(TCA_BPF_NAME, b"")).rstrip(b"\0").decode()
+        prog = struct.unpack_from("=I", opts[TCA_BPF_ID])[0] if TCA_BPF_ID in opts else 0
+        out.append((name, prog))
+    return out
 
 
 def socket_here() -> socket.socket:
@@ -281,34 +288,27 @@ def _ip(raw: memoryview | None) -> str:
 
 def main_routes(sock: socket.socket) -> dict[ipaddress.IPv4Network, set[tuple[str, int]]]:
     """The main IPv4 table in one dump: destination -> {(gateway or "", oif)}."""
-    request = _NLMSG.pack(_NLMSG.size + _RTMSG.size, RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
-    sock.send(request + _RTMSG.pack(socket.AF_INET, 0, 0, 0, 0, 0, 0, 0, 0))
+    request = (_NLMSG.pack(_NLMSG.size + _RTMSG.size, RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
+               + _RTMSG.pack(socket.AF_INET, 0, 0, 0, 0, 0, 0, 0, 0))
     out: dict[ipaddress.IPv4Network, set[tuple[str, int]]] = {}
-    while True:
-        for kind, _, seq, payload in _messages(sock.recv(1 << 20)):
-            if kind == NLMSG_DONE:
-                return out
-            if kind == NLMSG_ERROR:
-                error = -_ERR.unpack_from(payload)[0]
-                raise RtnlError(f"dumping the routes failed: {os.strerror(error)}", error)
-            if kind != RTM_NEWROUTE:
-                continue
-            family, dst_len, _, _, table, _, _, _, _ = _RTMSG.unpack_from(payload)
-            attrs = _attrs(payload[_RTMSG.size:])
-            if RTA_TABLE in attrs:
-                table = struct.unpack_from("=I", attrs[RTA_TABLE])[0]
-            if family != socket.AF_INET or table != MAIN_TABLE:
-                continue
-            dst = ipaddress.IPv4Network((_ip(attrs.get(RTA_DST)) or "0.0.0.0", dst_len))
-            hops = out.setdefault(dst, set())
-            if RTA_MULTIPATH in attrs:
-                mp, off = attrs[RTA_MULTIPATH], 0
-                while off + _RTNH.size <= len(mp):
-                    length, _, _, oif = _RTNH.unpack_from(mp, off)
-                    if length < _RTNH.size:
-                        break
-                    hops.add((_ip(_attrs(mp[off + _RTNH.size:off + length]).get(RTA_GATEWAY)), oif))
-                    off += (length + 3) & ~3
-            else:
-                oif = struct.unpack_from("=i", attrs[RTA_OIF])[0] if RTA_OIF in attrs else 0
-                hops.add((_ip(attrs.get(RTA_GATEWAY)), oif))
+    for payload in _dump(sock, request, RTM_NEWROUTE, "the routes"):
+        family, dst_len, _, _, table, _, _, _, _ = _RTMSG.unpack_from(payload)
+        attrs = _attrs(payload[_RTMSG.size:])
+        if RTA_TABLE in attrs:
+            table = struct.unpack_from("=I", attrs[RTA_TABLE])[0]
+        if family != socket.AF_INET or table != MAIN_TABLE:
+            continue
+        dst = ipaddress.IPv4Network((_ip(attrs.get(RTA_DST)) or "0.0.0.0", dst_len))
+        hops = out.setdefault(dst, set())
+        if RTA_MULTIPATH in attrs:
+            mp, off = attrs[RTA_MULTIPATH], 0
+            while off + _RTNH.size <= len(mp):
+                length, _, _, oif = _RTNH.unpack_from(mp, off)
+                if length < _RTNH.size:
+                    break
+                hops.add((_ip(_attrs(mp[off + _RTNH.size:off + length]).get(RTA_GATEWAY)), oif))
+                off += (length + 3) & ~3
+        else:
+            oif = struct.unpack_from("=i", attrs[RTA_OIF])[0] if RTA_OIF in attrs else 0
+            hops.add((_ip(attrs.get(RTA_GATEWAY)), oif))
+    return out
