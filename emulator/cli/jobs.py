@@ -16,7 +16,7 @@ from emulator.cli.text import format_collective, format_recording, format_traini
 from emulator.control import client, scenario_runner, state
 from emulator.fabric import capabilities, netns
 from emulator.telemetry import report, timeline
-from emulator.workload import collective, collectives, profiles, transfer
+from emulator.workload import collective, collectives, profiles, rank, transfer
 from emulator.model import plan as plan_mod, spec, units
 from emulator.telemetry.cpu import STEAL_LIMIT
 
@@ -241,6 +241,9 @@ def _settings(fspec, profile: str | None, qps: int | None, transport: str | None
               help="Rings run side by side, each over its own QPs.")
 @click.option("--qps", type=click.IntRange(1, collective.MAX_QPS), default=None,
               help="QPs per link, a message split over them [default: the topology's nic.qps_per_pair].")
+@click.option("--chunk", default=units.format_size(rank.CHUNK_BYTES), show_default=True,
+              help="A message is cut into chunks of this size (emulated bytes) dealt round its QPs; each chunk "
+                   "goes on to the next step as soon as it has come, while the others are on the wire.")
 @click.option("--transport", type=click.Choice(spec.TRANSPORTS), default=None,
               help="Loss recovery [default: the topology's nic.transport].")
 @click.option("--dcqcn", type=click.Choice(list(spec.DCQCN_PROFILES)), default=None,
@@ -257,7 +260,7 @@ def _settings(fspec, profile: str | None, qps: int | None, transport: str | None
                    "them, the result in the manifest; `backplane report` reads it).")
 @click.option("--json", "as_json", is_flag=True)
 @core
-def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps: int | None,
+def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps: int | None, chunk: str,
                    transport: str | None, dcqcn: str | None, profile: str | None, admission: int | None, iters: int,
                    timeout: float, out_dir: str | None, as_json: bool) -> None:
     """Run collective OP (all-reduce, all-gather, reduce-scatter, all-to-all) across HOSTS'
@@ -268,8 +271,13 @@ def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps
         nbytes = units.parse_size(size)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--size")
+    try:
+        chunk_bytes = units.parse_size(chunk)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--chunk")
     body = collective_job(name, op.replace("-", "_"), [h for h in hosts.split(",") if h], nbytes, channels, qps,
-                          transport, dcqcn, profile, admission, iters, timeout, record=out_dir is not None)
+                          transport, dcqcn, profile, admission, iters, timeout, record=out_dir is not None,
+                          chunk=chunk_bytes)
     if out_dir is not None:
         body["recorded"] = scenario_runner.record_collective(name, body, out_dir)
     body.pop("telemetry", None)
@@ -284,7 +292,8 @@ def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps
 
 def collective_job(name: str, op: str, ranks: list[str], nbytes: int, channels: int = 1, qps: int | None = None,
                    transport: str | None = None, dcqcn: str | None = None, profile: str | None = None,
-                   admission: int | None = None, iters: int = 1, timeout: float = 600.0, record: bool = False) -> dict:
+                   admission: int | None = None, iters: int = 1, timeout: float = 600.0, record: bool = False,
+                   chunk: int = rank.CHUNK_BYTES) -> dict:
     """``run collective`` without the printing: OP on fabric ``name``'s hosts ``ranks`` as the
     options and ``profile`` set it; the report's record (bench/distance.py runs many in one process).
     ``record``: the switches' ports are sampled through the runs, into the record's telemetry."""
@@ -293,13 +302,13 @@ def collective_job(name: str, op: str, ranks: list[str], nbytes: int, channels: 
     fspec = fabric_plan.spec
     st = _settings(fspec, profile, qps, transport, dcqcn, admission)
     collective.check_request(fabric_plan, op, ranks, nbytes, channels, st.qps, st.transport, iters, timeout,
-                             capabilities.mem_available(), st.admission)
+                             capabilities.mem_available(), st.admission, chunk)
     st.apply(name)
     try:
         r = collective.run(fabric_plan, op, ranks, nbytes, channels, st.qps, st.transport, iters, timeout,
                            cc=transfer.choose_profile(fspec, st.dcqcn), admission=st.admission,
                            sampler=(lambda: client.request(name, {"op": "sample", "paths": True})) if record else None,
-                           sample_s=scenario_runner.SAMPLE_WALL_S if record else 0.0)
+                           sample_s=scenario_runner.SAMPLE_WALL_S if record else 0.0, chunk=chunk)
     except transfer.WorkerFailed as e:
         gone = fabric_gone(name)
         if gone:
@@ -352,7 +361,7 @@ def run_training(name: str, params: str, bytes_per_param: int, hosts: str, compu
     st = _settings(fspec, profile, qps, transport, dcqcn, admission)
     size = tm.size(grads)  # the gradients are the real fabric's bytes: x s*d on the NICs
     collective.check_request(fabric_plan, "all_reduce", ranks, size, channels, st.qps, st.transport, iters, timeout,
-                             capabilities.mem_available(), st.admission)
+                             capabilities.mem_available(), st.admission, chunk)
     st.apply(name)
     r = collective.run(fabric_plan, "all_reduce", ranks, size, channels, st.qps, st.transport, iters, timeout,
                        cc=transfer.choose_profile(fspec, st.dcqcn), admission=st.admission)

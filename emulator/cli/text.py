@@ -427,7 +427,9 @@ def format_collective(body: dict) -> list[str]:
            else f"ring {' -> '.join(r['hosts'])} -> {r['hosts'][0]}")
     lines = [tm.line(),
              f"{r['op']} over {n} hosts {where}, {how}; "
-             f"{r['channels']} channel(s) x {r['qps']} QP(s) per link, {r['transport']}, {r['rate_control']}, "
+             f"{r['channels']} channel(s) x {r['qps']} QP(s) per link, "
+             + (f"chunks of {units.format_size(r['chunk'])}, " if r.get("chunk") else "")
+             + f"{r['transport']}, {r['rate_control']}, "
              f"{_admission(r.get('admission', 0))}, line {units.format_rate(tm.real_rate(r['line_rate_bps']))}"]
     status = "intact" if r["intact"] else ("NOT INTACT" if r["complete"] else "INCOMPLETE")
     lines.append(f"  {status}: every rank's result {'equals' if r['intact'] else 'was checked against'} the "

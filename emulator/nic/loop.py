@@ -453,21 +453,25 @@ class SoftNic:
                 for parts in qp.outbox:
                     self._tokens -= self._send(qpn, parts)
                 qp.outbox.clear()
-        # Data, round robin over QPs while the line has tokens; each turn starts one QP further
-        # on, so no QP has the first claim on the line.
+        # Data, round robin over QPs while the line has tokens. Each turn starts at the QP after
+        # the last one that sent, as a NIC's arbiter serves the QPs with work in turn: starting
+        # one QP further on per turn would hand every turn that starts on an idle QP (a receive
+        # QP, a finished one) to the first busy QP after it, so the shares of one message that
+        # were split over QPs would finish one after another instead of together.
         order = list(self.qps.items())
-        if order:
-            self._rr = (self._rr + 1) % len(order)
-            order = order[self._rr:] + order[:self._rr]
+        start = self._rr % len(order) if order else 0
+        order = order[start:] + order[:start]
         more = flowing  # behind a paused link no new data goes; answers queue behind it
         turn_end = self.wall() + TX_TURN_S  # from when sending starts: reading took its own time
         while more and (not self._rate or self._tokens > 0):
             more = False
-            for qpn, qp in order:
+            for i, (qpn, qp) in enumerate(order):
                 if self._rate and self._tokens <= 0:
                     break
                 budget = TX_BATCH if not self._rate else max(1, min(TX_BATCH, int(self._tokens // 4200) + 1))
                 pkts = qp.transmit(now, budget)
+                if pkts:
+                    self._rr = start + i + 1
                 for parts in pkts:
                     self._tokens -= self._send(qpn, parts)
                 sent += len(pkts)
@@ -504,14 +508,15 @@ class SoftNic:
             # Behind a paused link: also wake when its socket can take the next packet.
             select.select([self.rx], [self._stalled[0][0]] if self._stalled else [], [], wait * self.dilation)
 
-    def run(self, done, timeout: float, max_wait: float = 0.05) -> bool:
+    def run(self, done, timeout: float, max_wait: float = 0.05, busy=None) -> bool:
         """Turn until ``done()``; False if ``timeout`` wall seconds passed first. ``done`` is
-        asked at least every ``max_wait`` wall seconds."""
+        asked at least every ``max_wait`` wall seconds; while ``busy()`` (the application has
+        work it put off to let the NIC turn), the NIC does not sleep between turns."""
         end = self.wall() + timeout
         while not done():
             if self.wall() > end:
                 return False
-            self.step(max_wait)
+            self.step(0.0 if busy is not None and busy() else max_wait)
         return True
 
     def qp_state(self, qpn: int) -> QpState:

@@ -25,13 +25,14 @@ from emulator.nic import dcqcn
 from emulator.nic.rc import MODES
 from emulator.workload import collectives as C
 from emulator.workload.collective_worker import RankResult, RunFigures
-from emulator.workload.rank import RankReady
+from emulator.workload.rank import CHUNK_BYTES, RankReady
 from emulator.workload.transfer import MEMORY_SHARE, PortSampler, Worker, WorkerFailed, _host_port, _path_rtt, check_hosts
 from emulator.workload.worker import nic_burst
 
 MAX_QPS = 64  # per link: NCCL's connections use a few; 16 is Meta's
 MAX_CHANNELS = 32
 MAX_ADMISSION = 64  # clear-to-send window; NCCL's buffers hold 8 steps (NCCL_STEPS)
+MIN_CHUNK = 4096  # one frame's payload: a smaller chunk only costs more work requests
 # Bytes each rank's host holds per byte of the collective's size (input, working buffer,
 # staging for each message and the copies in flight), and the orchestrator per rank (inputs and
 # expected results).
@@ -66,6 +67,7 @@ class CollectiveResult:
     retransmits: int
     timeouts: int
     data_packets: int
+    chunk: int = CHUNK_BYTES  # bytes a message is cut into, dealt round its QPs (emulated)
     ranks: list[dict] = field(default_factory=list, repr=False)  # per rank: runs and counters
     time_model: dict = field(default_factory=dict)
     # With a sampler: the controller's port readings from the first run's start to the last's
@@ -77,7 +79,8 @@ class CollectiveResult:
 
 
 def check_request(plan, op: str, hosts: list[str], size: int, channels: int, qps: int, transport: str,
-                  iters: int, timeout: float, mem_available: int | None = None, admission: int = 0) -> C.Layout:
+                  iters: int, timeout: float, mem_available: int | None = None, admission: int = 0,
+                  chunk: int = CHUNK_BYTES) -> C.Layout:
     """Refuse, before anything starts, a collective that cannot be; its layout otherwise."""
     if op not in C.OPS:
         raise UsageError(f"unknown collective {op!r}: one of {', '.join(C.OPS)}")
@@ -98,6 +101,8 @@ def check_request(plan, op: str, hosts: list[str], size: int, channels: int, qps
         raise UsageError(f"admission window {admission}: 0 (none) to {MAX_ADMISSION} messages per link and channel")
     if not timeout > 0:
         raise UsageError(f"timeout {timeout:g} s: give a time above 0")
+    if chunk < MIN_CHUNK:
+        raise UsageError(f"chunk of {chunk} B: at least one frame's payload, {MIN_CHUNK} B")
     try:
         lay = C.layout(op, size, len(hosts), channels)
     except C.CollectiveError as e:
@@ -137,16 +142,18 @@ def _rtts(plan, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:
 
 def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int = 1, transport: str = "selective",
         iters: int = 1, timeout: float = 300.0, seed: int = 1, cc: dcqcn.Profile | None = None,
-        on_start=None, admission: int = 0, sampler=None, sample_s: float = 0.0) -> CollectiveResult:
+        on_start=None, admission: int = 0, sampler=None, sample_s: float = 0.0,
+        chunk: int = CHUNK_BYTES) -> CollectiveResult:
     """Run ``op`` of ``size`` bytes (nccl-tests' size, as the NICs move it) across ``hosts`` in
     ring order, ``iters`` times, and check every rank's result. The NICs send at the host
     link's rate and run ``cc`` (real units; None or ``off``: none), scaled by the time model.
     ``admission`` > 0: receivers clear that many messages per link and channel ahead (Meta's
-    clear-to-send), senders write only what is cleared. With ``sampler`` (the controller's port
+    clear-to-send), senders write only what is cleared. ``chunk``: the bytes a message is cut
+    into (each chunk goes through the steps on its own). With ``sampler`` (the controller's port
     readings) and ``sample_s``, the ports are read that often through the runs.
     Every figure in the result is emulated (wall seconds, emulated bytes and rates)."""
     lay = check_request(plan, op, hosts, size, channels, qps, transport, iters, timeout, capabilities.mem_available(),
-                        admission)
+                        admission, chunk)
     ports = [_host_port(plan, h) for h in hosts]
     rate = ports[0].egress.rate_bps
     ips = [str(p.address.ip) for p in ports]
@@ -165,7 +172,8 @@ def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int 
               "--qps", str(qps), "--size", str(lay.size), "--mode", transport, "--rate", str(rate),
               "--burst", str(burst), "--rtt", str(window_rtt), "--timeout", str(timeout),
               "--cc", json.dumps(asdict(running)) if running else "", "--dilation", repr(tm.dilation),
-              "--window", plan.spec.nic.window, "--admission", str(admission)]
+              "--window", plan.spec.nic.window, "--admission", str(admission),
+              "--chunk", str(chunk)]
     want = [hashlib.sha256(x.tobytes()).hexdigest() for x in C.expected(lay, C.inputs(lay, seed))]
     py = [sys.executable, "-m", "emulator.workload.collective_worker"]
     workers: list[Worker] = []
@@ -221,7 +229,7 @@ def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int 
         path_model_s=C.ring_path(op, [rtts[p] / 2 for p in pairs], rate, lay.size),
         rate_control=f"DCQCN {running.name}" if running else "none (line-rate pacing only)", admission=admission,
         retransmits=sum(q.retransmits for q in qp_all), timeouts=sum(q.timeouts for q in qp_all),
-        data_packets=sum(q.data_packets for q in qp_all),
+        data_packets=sum(q.data_packets for q in qp_all), chunk=chunk,
         ranks=[{"rank": r, "host": h, "runs": [asdict(run_[r]) for run_ in runs], "nic": res.nic,
                 "qps": [asdict(q) for q in res.qps]} for r, (h, res) in enumerate(zip(hosts, results))],
         time_model=tm.as_dict(), telemetry=telemetry)

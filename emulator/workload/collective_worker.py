@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from emulator.workload import collectives as C
-from emulator.workload.rank import Rank, RankReady
+from emulator.workload.rank import CHUNK_BYTES, Rank, RankReady
 from emulator.workload.records import QpFigures
 from emulator.workload.worker import add_nic_options, emit, nic_for, qp_config, qp_figures
 
@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--channels", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--admission", type=int, default=0, help="clear-to-send window per link and channel (0: none)")
+    ap.add_argument("--chunk", type=int, default=CHUNK_BYTES, help="bytes a message is cut into (emulated)")
     add_nic_options(ap)
     a = ap.parse_args(argv)
     ips = a.ips.split(",")
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     peers_out = len({s.dst for s in C.schedule(lay) if s.src == a.rank})
     cfg = qp_config(a.mode, a.rate, a.rtt, a.qps * peers_out, a.dilation, a.window)
     rank = Rank(nic, lay, a.rank, data, ips, a.qps, cfg, initial_psn=lambda: random.randrange(1 << 24),
-                admission=a.admission)
+                admission=a.admission, chunk=a.chunk)
     orders = Orders()
     emit("ready", rank.ready())
     rank.connect([RankReady.from_dict(p) for p in orders.next()["peers"]])
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             rank.restart(data)
         sent0, recv0 = rank.sent_bytes, rank.received_bytes
         start = time.monotonic()
-        ok = nic.run(rank.progress, a.timeout) and not rank.failed
+        ok = nic.run(rank.progress, a.timeout, busy=lambda: rank.busy) and not rank.failed
         seconds = time.monotonic() - start
         digest = hashlib.sha256(rank.result().tobytes()).hexdigest()
         emit("done", RunFigures(iteration, ok, seconds, start, digest, rank.sent_bytes - sent0,

@@ -116,7 +116,7 @@ def _loopback(addrs: list[str]) -> bool:
 
 
 def _run_ranks(op: str, ranks: int, channels: int, qps: int, size: int, loss: float = 0.0, admission: int = 0,
-               watch=None):
+               watch=None, **rank_options):
     """Every rank of ``op`` on its own soft-NIC (127.0.0.10+i), the NICs stepped in turn by one
     loop; ``loss``: that share of each NIC's data packets is dropped before it leaves (seeded);
     ``watch(ranks)`` is called after every round of the loop."""
@@ -142,7 +142,8 @@ def _run_ranks(op: str, ranks: int, channels: int, qps: int, size: int, loss: fl
                     return 0 if rng.random() < loss else send(qpn, parts)
                 nic._send = lossy
         cfg = QpConfig(mode="selective", rto_initial=0.02, rto_min=0.01)
-        rs = [Rank(nic, lay, r, xs[r], ips, qps=qps, config=cfg, admission=admission) for r, nic in enumerate(nics)]
+        rs = [Rank(nic, lay, r, xs[r], ips, qps=qps, config=cfg, admission=admission, **rank_options)
+              for r, nic in enumerate(nics)]
         ready = [r.ready() for r in rs]
         for r in rs:
             r.connect(ready)
@@ -155,7 +156,7 @@ def _run_ranks(op: str, ranks: int, channels: int, qps: int, size: int, loss: fl
                 watch(rs)
             return finished
 
-        assert nics[0].run(done, timeout=60)
+        assert nics[0].run(done, timeout=60, busy=lambda: any(r.busy for r in rs))
         return lay, xs, rs
     finally:
         for nic in nics:
@@ -177,6 +178,29 @@ def test_ranks_heal_loss_with_selective_repeat():
     want = C.expected(lay, xs)
     assert all(np.array_equal(r.result(), want[r.rank]) for r in rs)
     assert sum(q.stats.retransmits for r in rs for qs in r.out.values() for q in qs) > 0
+
+
+@pytest.mark.parametrize("op", C.OPS)
+def test_chunks_go_through_the_steps_on_their_own(op):
+    """A message cut into chunks dealt round its QPs: a chunk goes on to the next step as soon
+    as it has come and been reduced, while the step's other chunks are still on the wire, and
+    the result is still exact, under loss, with a budget of work per call small enough that the
+    rank stops with work left (busy) again and again."""
+    spread, busy = [], []
+
+    def watch(rs):
+        spread.append(max(max(c) - min(c) for r in rs for c in r.col))
+        busy.append(any(r.busy for r in rs))
+    lay, xs, rs = _run_ranks(op, ranks=4, channels=2, qps=3, size=4 * 2 * 9 * 4096, loss=0.02, watch=watch,
+                             chunk=4096, work=2 * 4096)
+    want = C.expected(lay, xs)
+    assert all(not r.failed for r in rs)
+    assert all(len(r.chunks) == 9 for r in rs)  # 9 chunks of a part, 3 on each QP
+    assert all(np.array_equal(r.result(), want[r.rank]) for r in rs)
+    assert all(r.sent_bytes == r.received_bytes == pytest.approx(C.BUSBW_FACTOR[op](4) * lay.size) for r in rs)
+    if C.steps(C.schedule(lay)) > 1:
+        assert max(spread) >= 1  # some chunk a step ahead of another of its channel
+    assert any(busy)
 
 
 def _in_flight(rs) -> dict[tuple[int, int], int]:
@@ -230,3 +254,22 @@ def test_the_ring_path_model_charges_a_chunk_only_the_crossings_on_its_way():
     assert C.ring_path("all_reduce", same, 400e9, 10 ** 9) == pytest.approx(
         C.alpha_beta("all_reduce", 8, 10 ** 9, 400e9, 2e-6))
     assert C.ring_path("all_to_all", alphas, 400e9, 10 ** 9) == pytest.approx(7 / 8 * 8e9 / 400e9 + 15e-3)
+
+
+def test_a_request_the_ranks_cannot_carry_out_is_refused_before_anything_starts():
+    from pathlib import Path
+
+    from emulator.errors import UsageError
+    from emulator.model import plan, spec
+    from emulator.workload import collective
+
+    p = plan.build(spec.load(Path(__file__).resolve().parents[2] / "topologies" / "single-dc.yaml"), "t1")
+    hosts = ["local-host0", "local-host1"]
+    lay = collective.check_request(p, "all_reduce", hosts, 1 << 20, 1, 16, "selective", 1, 10.0, chunk=4096)
+    assert lay.size == 1 << 20
+    with pytest.raises(UsageError, match="chunk of 1000 B: at least one frame's payload, 4096 B"):
+        collective.check_request(p, "all_reduce", hosts, 1 << 20, 1, 16, "selective", 1, 10.0, chunk=1000)
+    with pytest.raises(UsageError, match="admission window 65"):
+        collective.check_request(p, "all_reduce", hosts, 1 << 20, 1, 16, "selective", 1, 10.0, admission=65)
+    with pytest.raises(UsageError, match="named twice"):
+        collective.check_request(p, "all_reduce", hosts[:1] * 2, 1 << 20, 1, 16, "selective", 1, 10.0)

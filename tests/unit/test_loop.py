@@ -217,3 +217,37 @@ def test_a_qpn_is_the_applications_to_choose_but_never_twice():
                 a.create_qp("127.0.0.1", qpn=bad)
     finally:
         a.close()
+
+
+@pytest.mark.skipif(not _loopback("127.0.0.2"), reason="no 127.0.0.2 on loopback")
+def test_qps_with_work_share_a_paced_line_in_turn_whatever_idle_qps_sit_between_them():
+    """A message split over QPs finishes on all of them together, as a NIC's arbiter serves the
+    QPs with work in turn: QPs with nothing to send (a rank's receive QPs) between them take no
+    turns of their own and hand none to the next busy one. A NIC held to a few frames per turn by
+    its rate is where the order of turns shows."""
+    frames = 64
+    a = SoftNic("127.0.0.2", 200e6, burst_bytes=2 * 4200)
+    b = SoftNic("127.0.0.3")
+    try:
+        mr = b.pd.register(bytearray(4 * frames * 4096))
+        pairs = []
+        for _ in range(16):  # 4 to send on, then 12 idle after them, as a rank's receive QPs
+            qa, qb = a.create_qp("127.0.0.3"), b.create_qp("127.0.0.2")
+            qa.connect(qb.qpn, qb.ipsn)
+            qb.connect(qa.qpn, qa.ipsn)
+            pairs.append(qa)
+        busy = pairs[:4]
+        for i, qa in enumerate(busy):
+            qa.post_write(i, bytes(frames * 4096), mr.va + i * frames * 4096, mr.rkey)
+
+        def first_done() -> bool:
+            b.step(0)
+            return any(q.una == q.end for q in busy)
+
+        assert a.run(first_done, timeout=60)
+        sent = [q.stats.data_packets for q in busy]
+        # When the first is through, each of the others has sent nearly all of its share too.
+        assert min(sent) >= frames - 8, sent
+    finally:
+        a.close()
+        b.close()
