@@ -293,10 +293,11 @@ def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps
 def collective_job(name: str, op: str, ranks: list[str], nbytes: int, channels: int = 1, qps: int | None = None,
                    transport: str | None = None, dcqcn: str | None = None, profile: str | None = None,
                    admission: int | None = None, iters: int = 1, timeout: float = 600.0, record: bool = False,
-                   chunk: int = rank.CHUNK_BYTES) -> dict:
+                   chunk: int = rank.CHUNK_BYTES, rtts: dict | None = None) -> dict:
     """``run collective`` without the printing: OP on fabric ``name``'s hosts ``ranks`` as the
     options and ``profile`` set it; the report's record (bench/distance.py runs many in one process).
-    ``record``: the switches' ports are sampled through the runs, into the record's telemetry."""
+    ``record``: the switches' ports are sampled through the runs, into the record's telemetry.
+    ``rtts``: host pairs' RTTs measured on this fabric before (collective.run), kept up to date."""
     fabric = client.running(name)
     fabric_plan = fabric.plan
     fspec = fabric_plan.spec
@@ -308,7 +309,7 @@ def collective_job(name: str, op: str, ranks: list[str], nbytes: int, channels: 
         r = collective.run(fabric_plan, op, ranks, nbytes, channels, st.qps, st.transport, iters, timeout,
                            cc=transfer.choose_profile(fspec, st.dcqcn), admission=st.admission,
                            sampler=(lambda: client.request(name, {"op": "sample", "paths": True})) if record else None,
-                           sample_s=scenario_runner.SAMPLE_WALL_S if record else 0.0, chunk=chunk)
+                           sample_s=scenario_runner.SAMPLE_WALL_S if record else 0.0, chunk=chunk, rtts=rtts)
     except transfer.WorkerFailed as e:
         gone = fabric_gone(name)
         if gone:

@@ -143,13 +143,16 @@ def _rtts(plan, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:
 def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int = 1, transport: str = "selective",
         iters: int = 1, timeout: float = 300.0, seed: int = 1, cc: dcqcn.Profile | None = None,
         on_start=None, admission: int = 0, sampler=None, sample_s: float = 0.0,
-        chunk: int = CHUNK_BYTES) -> CollectiveResult:
+        chunk: int = CHUNK_BYTES, rtts: dict[tuple[str, str], float] | None = None) -> CollectiveResult:
     """Run ``op`` of ``size`` bytes (nccl-tests' size, as the NICs move it) across ``hosts`` in
     ring order, ``iters`` times, and check every rank's result. The NICs send at the host
     link's rate and run ``cc`` (real units; None or ``off``: none), scaled by the time model.
     ``admission`` > 0: receivers clear that many messages per link and channel ahead (Meta's
     clear-to-send), senders write only what is cleared. ``chunk``: the bytes a message is cut
-    into (each chunk goes through the steps on its own). With ``sampler`` (the controller's port
+    into (each chunk goes through the steps on its own). ``rtts``: RTTs (wall s) of host pairs
+    measured on this fabric before, by (src, dst); the pairs it lacks are measured and added to it
+    (a bench that runs many collectives on one ring pings it once: a dilated cross-DC ping takes
+    seconds). With ``sampler`` (the controller's port
     readings) and ``sample_s``, the ports are read that often through the runs.
     Every figure in the result is emulated (wall seconds, emulated bytes and rates)."""
     lay = check_request(plan, op, hosts, size, channels, qps, transport, iters, timeout, capabilities.mem_available(),
@@ -161,7 +164,11 @@ def run(plan, op: str, hosts: list[str], size: int, channels: int = 1, qps: int 
     pairs = [(hosts[i], hosts[(i + 1) % n]) for i in range(n)]
     # An all-to-all talks to every rank: its window is sized for the farthest.
     extra = [(hosts[0], h) for h in hosts[2:-1]] if op == "all_to_all" else []
-    rtts = _rtts(plan, pairs + extra)
+    known = rtts if rtts is not None else {}
+    missing = [p for p in pairs + extra if p not in known]
+    if missing:
+        known.update(_rtts(plan, missing))
+    rtts = {p: known[p] for p in pairs + extra}
     hops = {f"{a}->{b}": rtts[(a, b)] for a, b in pairs}
     rtt = max(rtts.values())
     window_rtt = max(rtt, 2 * plan.spec.emulated_time(plan.spec.intra_dc_one_way_s()))
