@@ -5,7 +5,7 @@ topologies/cross-dc.yaml with `ecmp: {hash: qpn}`, once with `adaptive: off` and
 `adaptive: health`, alternating over --pairs; prints each run's goodput and completion time
 (the tail: the transfer ends with its slowest QP), retransmissions and timeouts, the ratios
 health / static, and the CPU steal seen during each run. Then what adaptive routing costs per
-packet: XDP on a RoCEv2 packet a switch forwards (BPF_PROG_TEST_RUN), off against on with the
+packet: tc ingress on a RoCEv2 packet a switch forwards (BPF_PROG_TEST_RUN), off against on with the
 flow's pin found and kept, and on with every packet a new flowlet (the pin written again).
 
     sudo .venv/bin/python bench/adaptive.py [--pairs 1] [--scenario scenarios/ber-spike.yaml]
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from emulator.bpf import structs as S  # noqa: E402
-from emulator.bpf.datapath import XDP_PROG  # noqa: E402
+from emulator.bpf.datapath import TC_INGRESS_PROG  # noqa: E402
 from emulator.bpf.syscall import prog_test_run  # noqa: E402
 from emulator.fabric import capabilities  # noqa: E402
 from emulator.telemetry.cpu import CpuWatch  # noqa: E402
@@ -66,7 +66,7 @@ def one(tmp: Path, scenario: Path, adaptive: str, k: int) -> dict:
 
 
 def per_packet(pairs: int, repeat: int) -> dict:
-    """ns per XDP run on a RoCEv2 packet a switch forwards over an 8-way group: adaptive off, on
+    """ns per tc ingress run on a RoCEv2 packet a switch forwards over an 8-way group: adaptive off, on
     with the flow's pin kept (a flowlet gap never reached), on with a new flowlet every packet."""
     variants = {"off": (False, 0), "pinned": (True, 0xFFFFFFFF), "new_flowlet": (True, 0)}
     with probe.probe() as pr:
@@ -75,13 +75,14 @@ def per_packet(pairs: int, repeat: int) -> dict:
         dp.set_port(probe.SWITCH_PORT, S.Port(7, S.PORT_SWITCH, 0, 1 << 30, probe.MAC, probe.MAC))
         dp.set_port(probe.FAR_PORT, S.Port(7, S.PORT_SWITCH, 0, 1 << 30, probe.MAC, probe.MAC))
         dp.set_route(7, ipaddress.ip_network("198.18.1.0/24"), [probe.FAR_PORT] * 8)
-        xctx = struct.pack("=IIIIII", 0, len(pr.frame), 0, probe.SWITCH_PORT, 0, 0)
+        ctx = bytearray(192)
+        struct.pack_into("=I", ctx, 40, probe.SWITCH_PORT)  # __sk_buff ifindex
         rows: dict[str, list[float]] = {k: [] for k in variants}
         for _ in range(pairs):
             for tag, (on, gap) in variants.items():
                 dp.set_adaptive(on, gap)
                 before = dp.counters(probe.SWITCH_PORT)["roce_pkts"]
-                r = prog_test_run(dp.fds[XDP_PROG], pr.frame, ctx=xctx, repeat=repeat)
+                r = prog_test_run(dp.fds[TC_INGRESS_PROG], pr.frame, ctx=bytes(ctx), repeat=repeat)
                 # Every run took the forwarding path, not the kernel's: the figure is the real one.
                 assert dp.counters(probe.SWITCH_PORT)["roce_pkts"] - before == repeat, tag
                 rows[tag].append(r.duration_ns)
@@ -92,11 +93,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=1)
     ap.add_argument("--scenario", default=str(REPO / "scenarios" / "ber-spike.yaml"))
-    ap.add_argument("--repeat", type=int, default=200_000, help="XDP runs per timing")
+    ap.add_argument("--repeat", type=int, default=200_000, help="program runs per timing")
     ap.add_argument("--skip-scenario", action="store_true", help="only the per-packet cost")
     a = ap.parse_args()
     cost = per_packet(max(a.pairs, 3), a.repeat)
-    print(f"XDP per packet (median of {max(a.pairs, 3)} rounds of {a.repeat} runs): adaptive off "
+    print(f"tc ingress per packet (median of {max(a.pairs, 3)} rounds of {a.repeat} runs): adaptive off "
           f"{cost['off']:.0f} ns; on, pin kept {cost['pinned']:.0f} ns (x{cost['pinned'] / cost['off']:.2f}); "
           f"on, a new flowlet each packet {cost['new_flowlet']:.0f} ns (x{cost['new_flowlet'] / cost['off']:.2f})")
     if a.skip_scenario:

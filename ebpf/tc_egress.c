@@ -2,7 +2,7 @@
 /*
  * tc egress on every switch port (and, with PFC, on hosts' ports): the enqueue side of the
  * port's queue. Runs before the shaped qdisc takes the packet. Depth = bytes let in here - bytes
- * the peer's ingress saw leave (xdp_ingress.c). Against that true depth it
+ * the peer's ingress saw leave (tc_ingress.c). Against that true depth it
  *   - tail-drops at the port's buffer (the qdisc's own limit is set above it, so the qdisc
  *     never drops and the accounting stays exact),
  *   - marks CE on ECT packets with WRED between kmin and kmax (probability up to pmax, every

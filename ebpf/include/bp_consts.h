@@ -20,8 +20,10 @@
 #define BP_MAX_ROUTES 65536
 /* Flows an adaptive switch remembers the next hop of (LRU: the idlest are forgotten first). */
 #define BP_MAX_PINS 65536
-/* Tags the metadata XDP leaves for tc, so tc never trusts bytes another program left there. */
-#define BP_META_MAGIC 0x42504d31 /* "BPM1" */
+/* The sending socket's family of the frames tc ingress frees from their sender (IPv4). */
+#define BP_AF_INET 2
+/* Bytes of the headers tc ingress reads: Ethernet, IPv4 with every option, UDP and the BTH. */
+#define BP_HEADERS_MAX (14 + 60 + 8 + 12)
 
 /* ecmp.hash modes, as user space writes them into bp_config.hash_mode. */
 #define BP_HASH_FIVE_TUPLE 0 /* src, dst, protocol, ports: what a plain switch does */

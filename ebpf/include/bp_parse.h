@@ -3,7 +3,7 @@
  * Cursor-based, bounds-checked parsers for Ethernet, IPv4, UDP and the RoCEv2 BTH, after
  * xdp-tutorial's parsing_helpers.h: each takes the cursor, checks the header fits before
  * data_end, advances past it and returns what comes next (or a negative BP_PARSE_* error).
- * They work on XDP and tc packets alike.
+ * They work on any packet pointers (tc's skb data here).
  */
 #ifndef BP_PARSE_H
 #define BP_PARSE_H

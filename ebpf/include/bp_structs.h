@@ -69,14 +69,6 @@ struct bp_pin {
 	__u64 last_ns; /* its last packet */
 };
 
-/* What XDP hands to tc ingress in front of the packet (bpf_xdp_adjust_meta). */
-struct bp_meta {
-	__u32 magic;   /* BP_META_MAGIC */
-	__u32 ifindex; /* the egress port chosen */
-	__u32 hash;    /* the flow hash that chose it */
-	__u32 prio;    /* the packet's priority, from its DSCP */
-};
-
 /*
  * One egress queue, per (port, priority) and per port in total: bytes the egress hook let
  * into the qdisc minus bytes the peer's ingress saw leave it is the queue's true depth.
@@ -123,19 +115,20 @@ struct bp_counters {
 	__u64 tx_bytes;
 	__u64 ecn_marks;        /* ECT packets marked CE here */
 	__u64 drop_buffer;      /* tail drops: the egress buffer was full */
-	__u64 drop_no_port;     /* metadata named a port that is not in the port table */
+	__u64 drop_no_port;     /* a route named a port that is not in the port table */
 	__u64 drop_loss;        /* dropped as the long-haul path's configured loss */
 	__u64 mac_control;      /* 802.3x PAUSE or other MAC control frames: counted, dropped */
 	__u64 kicks;            /* gate restarts received (BP_ETH_P_KICK): dropped */
 	__u64 tagged;           /* lossless packets that bounced here and moved to Tagger's priority */
 	__u64 drop_link_down;   /* sent or received while the port was down (a cut, a failed switch) */
 	__u64 ar_moved;         /* adaptive: packets whose flow left the next hop it was pinned to */
+	__u64 drop_nomem;       /* a sender's frame with no memory for the clone that frees its socket */
 };
 
 /*
  * A switch port's ingress occupancy at one priority (802.1Qbb's per-priority ingress
  * accounting): bytes that came in on it and have not yet left the switch. Enqueue (tc egress)
- * adds; the peer of the egress port they left by (XDP) takes away, told the ingress port by a
+ * adds; the peer of the egress port they left by (tc ingress) takes away, told the ingress port by a
  * tag the egress hook writes into the UDP checksum (RoCEv2 sends 0 there, the ICRC masks it).
  */
 struct bp_ingress {

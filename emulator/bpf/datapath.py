@@ -1,7 +1,9 @@
 """Compile, load, attach and drive the switch programs of ebpf/ with bcc.
 
-One Datapath per controller: bcc compiles the three programs once (about a second each) into
-one object whose maps every port of every switch shares, whatever namespace it lives in.
+One Datapath per controller: bcc compiles the programs once (about a second) into one object
+whose maps every port of every switch shares, whatever namespace it lives in. Both run in tc
+(clsact): ingress on every port, egress on switch ports; none in XDP, whose native mode on veth
+copies every frame larger than a page at every hop (see ebpf/tc_ingress.c).
 Ports are told apart by ifindex, which the fabric plan makes unique across the fabric. Every
 attach is read back from the kernel; anything missing raises.
 """
@@ -19,7 +21,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from emulator import REPO
 from emulator.bpf import structs as S
-from emulator.bpf.syscall import BpfError, load_xdp_frags, prog_id
+from emulator.bpf.syscall import prog_id
 from emulator.errors import CapabilityError, FabricError
 from emulator.fabric import capabilities, netns, rtnl
 from emulator.nic import wire
@@ -28,15 +30,11 @@ EBPF_DIR = REPO / "ebpf"
 # One program per file; concatenated into one compilation unit so that they share their maps
 # (bcc gives its own section only to functions of the main text, so they are joined, not
 # #included).
-PROGRAM_FILES = ("pfc_state.c", "xdp_ingress.c", "tc_ingress.c", "tc_egress.c")
-XDP_PROG = "bp_xdp_ingress"
+PROGRAM_FILES = ("pfc_state.c", "tc_ingress.c", "tc_egress.c")
 TC_INGRESS_PROG = "bp_tc_ingress"
 TC_EGRESS_PROG = "bp_tc_egress"
 TC_INGRESS_PARENT = 0xFFFFFFF2  # clsact ingress
 TC_EGRESS_PARENT = 0xFFFFFFF3  # clsact egress
-XDP_FLAGS_DRV_MODE = 1 << 2
-# IFLA_XDP_ATTACHED for native (driver) mode: pyroute2 decodes XDP_ATTACHED_DRV (1) as "xdp".
-XDP_ATTACHED_DRV = (1, "xdp")
 
 # The priorities of the wire's QoS policy (nic.wire.DSCP_*): data on the lossless priority the
 # topology names, CNPs on a high one, everything else lossy.
@@ -82,16 +80,6 @@ class Datapath:
             except Exception as e:
                 raise FabricError(f"loading {name}: {e}") from None
             load[name] = time.monotonic() - t
-        t = time.monotonic()
-        from bcc import lib
-
-        fname = XDP_PROG.encode()
-        start, size = lib.bpf_function_start(self.bpf.module, fname), lib.bpf_function_size(self.bpf.module, fname)
-        try:
-            self.fds[XDP_PROG] = load_xdp_frags(XDP_PROG, ct.cast(start, ct.c_void_p).value, size)
-        except BpfError as e:
-            raise FabricError(str(e)) from None
-        load[XDP_PROG] = time.monotonic() - t
         self.load_times = LoadTimes(compiled - started, load)
         self.prog_ids = {name: prog_id(fd) for name, fd in self.fds.items()}
 
@@ -99,9 +87,6 @@ class Datapath:
         if self.pfc is not None:
             self.pfc.close()
             self.pfc = None
-        xdp = self.fds.pop(XDP_PROG, None)
-        if xdp is not None:
-            os.close(xdp)
         self.bpf.cleanup()
 
     # --- what user space decides ---
@@ -185,114 +170,60 @@ class Datapath:
             raise FabricError(f"{where}: no such interface to {what}")
         return where, index[0]
 
-    def attach(self, ns: str, ipr: IPRoute, ifname: str, switch: bool, index: int | None = None,
-               check: bool = True) -> None:
-        """XDP on the port, and on a switch port the tc programs too. Raise unless all took;
-        with ``check`` False the caller reads the XDP attach back later (check_xdp)."""
-        from bcc import lib
-
+    def attach(self, ns: str, ipr: IPRoute, ifname: str, switch: bool, index: int | None = None) -> None:
+        """The ingress program on the port, and on a switch port the egress program too; raise
+        unless each reads back."""
         where, index = self._port(ipr, ns, ifname, "attach the datapath to", index)
         with netns.entered(ns):
-            rc = lib.bpf_attach_xdp(ifname.encode(), self.fds[XDP_PROG], XDP_FLAGS_DRV_MODE)
-        if rc < 0:
-            raise FabricError(f"{where}: attaching {XDP_PROG} in native mode failed (bcc returned {rc})")
-        if check:
-            self.check_xdp(ns, ipr, {index: ifname}, ipr.get_links(index))
-        if switch:
-            self.attach_tc(ns, ipr, ifname, index=index)
-
-    def attach_xdp_all(self, ns: str, sock: socket.socket, ports: dict[int, str]) -> None:
-        """XDP on every port (ifindex -> name) of namespace ``ns`` in one batch of netlink
-        requests on ``sock`` (a socket of that namespace); read back with check_xdp."""
-        fd = self.fds[XDP_PROG]
+            sock = rtnl.socket_here()
         try:
-            rtnl.request_all(sock, [rtnl.xdp_message(i, fd, XDP_FLAGS_DRV_MODE) for i in ports],
-                             [f"{ns}:{n}: attaching {XDP_PROG} in native mode" for n in ports.values()])
-        except rtnl.RtnlError as e:
-            raise FabricError(str(e)) from None
+            self.attach_ingress_all(ns, sock, {index: ifname})
+            if switch:
+                self.attach_egress_all(ns, sock, {index: ifname})
+        finally:
+            sock.close()
 
-    def attach_tc_all(self, ns: str, sock: socket.socket, ports: dict[int, tuple[str, bool]]) -> None:
-        """The tc programs on ports (ifindex -> (name, with the ingress program)) of namespace
-        ``ns`` in one batch on ``sock``, then each port's filters read back by program id."""
+    def attach_ingress_all(self, ns: str, sock: socket.socket, ports: dict[int, str]) -> None:
+        """clsact and the ingress program (the dequeue side, PFC frames, forwarding) on every
+        port (ifindex -> name) of namespace ``ns``, in one batch of netlink requests on ``sock``
+        (a socket of that namespace); each port's filter read back by program id."""
+        self._attach(ns, sock, ports, TC_INGRESS_PARENT, TC_INGRESS_PROG, with_clsact=True)
+
+    def attach_egress_all(self, ns: str, sock: socket.socket, ports: dict[int, str]) -> None:
+        """The egress program (the enqueue side: queue, ECN, tail drop, priorities) on ports
+        that already have their clsact (attach_ingress_all), in one batch, each read back."""
+        self._attach(ns, sock, ports, TC_EGRESS_PARENT, TC_EGRESS_PROG, with_clsact=False)
+
+    def _attach(self, ns: str, sock: socket.socket, ports: dict[int, str], parent: int, name: str,
+                with_clsact: bool) -> None:
         messages, what = [], []
-        for index, (ifname, ingress) in ports.items():
-            messages.append(rtnl.tc_message("add", "clsact", index))
-            what.append(f"{ns}:{ifname}: adding clsact")
-            for parent, name in self._hooks(ingress):
-                messages.append(rtnl.tc_message("add-filter", "bpf", index, 1, fd=self.fds[name], name=name,
-                                                parent=parent, classid=1, direct_action=True))
-                what.append(f"{ns}:{ifname}: attaching {name}")
+        for index, ifname in ports.items():
+            if with_clsact:
+                messages.append(rtnl.tc_message("add", "clsact", index))
+                what.append(f"{ns}:{ifname}: adding clsact")
+            messages.append(rtnl.tc_message("add-filter", "bpf", index, 1, fd=self.fds[name], name=name,
+                                            parent=parent, classid=1, direct_action=True))
+            what.append(f"{ns}:{ifname}: attaching {name}")
         try:
             rtnl.request_all(sock, messages, what)
-            for index, (ifname, ingress) in ports.items():
-                for parent, name in self._hooks(ingress):
-                    got = rtnl.bpf_filters(sock, index, parent)
-                    if got != [(name, self.prog_ids[name])]:
-                        raise FabricError(f"{ns}:{ifname}: tc {'ingress' if parent == TC_INGRESS_PARENT else 'egress'} "
-                                          f"holds {got} after attaching {name} (program {self.prog_ids[name]})")
+            for index, ifname in ports.items():
+                got = rtnl.bpf_filters(sock, index, parent)
+                if got != [(name, self.prog_ids[name])]:
+                    raise FabricError(f"{ns}:{ifname}: tc {'ingress' if parent == TC_INGRESS_PARENT else 'egress'} "
+                                      f"holds {got} after attaching {name} (program {self.prog_ids[name]})")
         except rtnl.RtnlError as e:
             raise FabricError(str(e)) from None
 
-    @staticmethod
-    def _hooks(ingress: bool) -> list[tuple[int, str]]:
-        return ([(TC_INGRESS_PARENT, TC_INGRESS_PROG)] if ingress else []) + [(TC_EGRESS_PARENT, TC_EGRESS_PROG)]
-
-    def check_xdp(self, ns: str, ipr: IPRoute, ports: dict[int, str], links: list | None = None) -> None:
-        """Raise unless every port (ifindex -> name) of namespace ``ns`` runs our XDP program in
-        native mode; ``links``: the namespace's links from a dump already made."""
-        links = {l["index"]: l for l in (ipr.get_links() if links is None else links)}
-        for index, ifname in ports.items():
-            link = links.get(index)
-            xdp = link.get_attr("IFLA_XDP") if link is not None else None
-            attached = xdp.get_attr("IFLA_XDP_ATTACHED") if xdp else None
-            pid = xdp.get_attr("IFLA_XDP_PROG_ID") if xdp else None
-            if attached not in XDP_ATTACHED_DRV or pid != self.prog_ids[XDP_PROG]:
-                raise FabricError(f"{ns}:{ifname}: XDP reads back as attached={attached} prog={pid}, "
-                                  f"expected native mode with program {self.prog_ids[XDP_PROG]}")
-
-    def attach_tc(self, ns: str, ipr: IPRoute, ifname: str, ingress: bool = True, index: int | None = None) -> None:
-        """tc ingress (forwarding) and egress (queue, ECN, tail drop) on a switch port; egress
-        alone (``ingress`` False) on a host's port, to put its packets in their priority's queue."""
-        where, index = self._port(ipr, ns, ifname, "attach the datapath to", index)
-        hooks = self._hooks(ingress)
-        try:
-            ipr.tc("add", "clsact", index)
-            for parent, name in hooks:
-                ipr.tc("add-filter", "bpf", index, ":1", fd=self.fds[name], name=name, parent=parent, classid=1,
-                       direct_action=True)
-        except NetlinkError as e:
-            raise FabricError(f"{where}: attaching the tc programs failed: {os.strerror(e.code)}") from None
-        # pyroute2 does not decode TCA_BPF_ID; the program's name on a direct-action filter is
-        # ours alone (bp_ prefix), so that is what is read back.
-        for parent, name in hooks:
-            names = []
-            for f in ipr.get_filters(index=index, parent=parent):
-                opts = f.get_attr("TCA_OPTIONS")
-                if opts is not None and opts.get_attr("TCA_BPF_NAME"):
-                    names.append(opts.get_attr("TCA_BPF_NAME"))
-            if names != [name]:
-                raise FabricError(f"{where}: tc {'ingress' if parent == TC_INGRESS_PARENT else 'egress'} holds "
-                                  f"{names} after attaching {name}")
-
     def detach(self, ns: str, ipr: IPRoute, ifname: str) -> None:
-        """Remove the XDP program and the clsact qdisc (with its filters) from a port; raise
-        unless both are gone. Removing a fabric's namespaces does this for every port at once."""
-        from bcc import lib
-
+        """Remove the clsact qdisc (with its filters) from a port; raise unless it is gone.
+        Removing a fabric's namespaces does this for every port at once."""
         where, index = self._port(ipr, ns, ifname, "detach the datapath from")
-        with netns.entered(ns):
-            rc = lib.bpf_attach_xdp(ifname.encode(), -1, XDP_FLAGS_DRV_MODE)
-        if rc < 0:
-            raise FabricError(f"{where}: removing XDP failed (bcc returned {rc})")
         try:
             if any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index=index)):
                 ipr.tc("del", "clsact", index)
         except NetlinkError as e:
             raise FabricError(f"{where}: removing clsact failed: {os.strerror(e.code)}") from None
-        xdp = ipr.get_links(index)[0].get_attr("IFLA_XDP")
-        attached = xdp.get_attr("IFLA_XDP_ATTACHED") if xdp else None
-        if attached not in (None, 0, "none") or any(q.get_attr("TCA_KIND") == "clsact"
-                                                      for q in ipr.get_qdiscs(index=index)):
+        if any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index=index)):
             raise FabricError(f"{where}: the datapath is still attached after detaching it")
 
     # --- reading what the kernel counted ---

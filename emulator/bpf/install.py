@@ -1,8 +1,8 @@
 """Program a fabric plan into a Datapath: ports, routes, hash mode, thresholds, attachments.
 
 Everything here is computed from the plan (user space decides); the kernel programs only look
-it up. Attach order matters for exact queue depth: the dequeue side (XDP on every port) goes on
-before any egress hook starts counting what enters a queue.
+it up. Attach order matters for exact queue depth: the dequeue side (tc ingress on every port)
+goes on before any egress hook starts counting what enters a queue.
 """
 from __future__ import annotations
 
@@ -88,10 +88,10 @@ def program(datapath: Datapath, plan: FabricPlan, loss_in_ebpf: bool = False) ->
     return routes
 
 
-def attach(datapath: Datapath, plan: FabricPlan, iproutes: Mapping[str, IPRoute]) -> None:
-    """Attach to every port: all XDP first (dequeue side), then the switches' tc programs; one
-    batch of requests per node and pass, each read back. The fabric checked every port's
-    ifindex as it built them (FabricNode.check_ports)."""
+def attach(datapath: Datapath, plan: FabricPlan) -> None:
+    """Attach to every port: the ingress program everywhere first (dequeue side), then the
+    egress program; one batch of requests per node and pass, each read back. The fabric checked
+    every port's ifindex as it built them (FabricNode.check_ports)."""
     sockets = {}
     try:
         for node in plan.nodes:
@@ -99,16 +99,14 @@ def attach(datapath: Datapath, plan: FabricPlan, iproutes: Mapping[str, IPRoute]
                 with netns.entered(plan.netns(node.name)):
                     sockets[node.name] = rtnl.socket_here()
         for name, sock in sockets.items():
-            datapath.attach_xdp_all(plan.netns(name), sock, {p.ifindex: p.ifname for p in plan.ports(name)})
-        for name in sockets:
-            datapath.check_xdp(plan.netns(name), iproutes[name], {p.ifindex: p.ifname for p in plan.ports(name)})
+            datapath.attach_ingress_all(plan.netns(name), sock, {p.ifindex: p.ifname for p in plan.ports(name)})
         for name, sock in sockets.items():
             switch = plan.node(name).role in SWITCH_ROLES
             # A host's port gets the egress program only to put its packets in their priority's queue.
-            tc = {p.ifindex: (p.ifname, switch) for p in plan.ports(name)
-                  if switch or (isinstance(p.egress, Shaping) and p.egress.priorities)}
-            if tc:
-                datapath.attach_tc_all(plan.netns(name), sock, tc)
+            egress = {p.ifindex: p.ifname for p in plan.ports(name)
+                      if switch or (isinstance(p.egress, Shaping) and p.egress.priorities)}
+            if egress:
+                datapath.attach_egress_all(plan.netns(name), sock, egress)
     finally:
         for sock in sockets.values():
             sock.close()
@@ -128,8 +126,9 @@ def load(plan: FabricPlan, loss_in_ebpf: bool) -> Datapath:
 
 
 def finish(datapath: Datapath, plan: FabricPlan, iproutes: Mapping[str, IPRoute]) -> None:
-    """Attach a loaded datapath to every port of the built fabric, and start its PFC agent."""
-    attach(datapath, plan, iproutes)
+    """Attach a loaded datapath to every port of the built fabric, and start its PFC agent.
+    ``iproutes``: the nodes' netlink sockets (the builder's protocol; attaching uses bare ones)."""
+    attach(datapath, plan)
     if plan.spec.pfc.enabled:
         datapath.pfc = PfcAgent(datapath.bpf, plan)
 

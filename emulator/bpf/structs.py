@@ -16,7 +16,6 @@ MAX_NEXTHOPS = 64
 NUM_PRIO = 8
 QUEUE_SLOTS = NUM_PRIO + 1
 MAX_ROUTES = 65536
-META_MAGIC = 0x42504D31
 PROB_ONE = 65536
 
 # The hash modes by their number in bp_consts.h (BP_HASH_*).
@@ -98,15 +97,6 @@ class Route(ct.Structure):
     _fields_ = [("count", ct.c_uint32), ("ifindex", ct.c_uint32 * MAX_NEXTHOPS)]
 
 
-class Meta(ct.Structure):
-    _fields_ = [
-        ("magic", ct.c_uint32),
-        ("ifindex", ct.c_uint32),
-        ("hash", ct.c_uint32),
-        ("prio", ct.c_uint32),
-    ]
-
-
 class Queue(ct.Structure):
     _fields_ = [
         ("enq_bytes", ct.c_uint64),
@@ -133,7 +123,7 @@ class Counters(ct.Structure):
         "rx_pkts", "rx_bytes", "roce_pkts", "kernel_pkts", "no_route", "ttl_expired", "fragments",
         "drop_truncated", "drop_ip_version", "drop_ip_header", "drop_roce_header", "fwd_pkts",
         "fwd_bytes", "tx_pkts", "tx_bytes", "ecn_marks", "drop_buffer", "drop_no_port", "drop_loss",
-        "mac_control", "kicks", "tagged", "drop_link_down", "ar_moved",
+        "mac_control", "kicks", "tagged", "drop_link_down", "ar_moved", "drop_nomem",
     )]
 
 

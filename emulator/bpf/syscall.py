@@ -1,8 +1,7 @@
-"""The few bpf(2) calls bcc 0.26 does not offer: loading XDP with frags, BPF_PROG_TEST_RUN.
+"""The few bpf(2) calls bcc 0.26 does not offer: BPF_PROG_TEST_RUN, a program's id.
 
-bcc compiles and relocates the programs (map fds are already in the instructions); loading an
-XDP program that accepts multi-buffer frames (BPF_F_XDP_HAS_FRAGS, needed for 4 KB RoCE frames
-on veth) and running a program on a crafted packet are done here with the raw system call.
+bcc compiles, relocates and loads the programs; running one on a crafted packet is done here
+with the raw system call.
 """
 from __future__ import annotations
 
@@ -12,27 +11,11 @@ from dataclasses import dataclass
 
 _libc = ct.CDLL(None, use_errno=True)
 _SYS_BPF = 321  # x86_64
-BPF_PROG_LOAD = 5
 BPF_PROG_TEST_RUN = 10
-BPF_PROG_TYPE_SCHED_CLS = 3
-BPF_PROG_TYPE_XDP = 6
-BPF_XDP = 37  # expected_attach_type
-BPF_F_XDP_HAS_FRAGS = 1 << 5
-LOG_SIZE = 1 << 20
 
 
 class BpfError(OSError):
     """A bpf(2) call failed; the verifier's log, when there is one, is in the message."""
-
-
-class _ProgLoad(ct.Structure):
-    _fields_ = [
-        ("prog_type", ct.c_uint32), ("insn_cnt", ct.c_uint32), ("insns", ct.c_uint64),
-        ("license", ct.c_uint64), ("log_level", ct.c_uint32), ("log_size", ct.c_uint32),
-        ("log_buf", ct.c_uint64), ("kern_version", ct.c_uint32), ("prog_flags", ct.c_uint32),
-        ("prog_name", ct.c_char * 16), ("prog_ifindex", ct.c_uint32),
-        ("expected_attach_type", ct.c_uint32),
-    ]
 
 
 class _TestRun(ct.Structure):
@@ -53,28 +36,10 @@ def _bpf(cmd: int, attr: ct.Structure) -> int:
     return ret
 
 
-def load_xdp_frags(name: str, insns: int, size: int, license_: bytes = b"GPL") -> int:
-    """Load the relocated XDP instructions at address ``insns`` with BPF_F_XDP_HAS_FRAGS."""
-    lic = ct.create_string_buffer(license_)
-    log = ct.create_string_buffer(LOG_SIZE)
-    attr = _ProgLoad(prog_type=BPF_PROG_TYPE_XDP, insn_cnt=size // 8, insns=insns,
-                     license=ct.addressof(lic), prog_flags=BPF_F_XDP_HAS_FRAGS,
-                     prog_name=name.encode()[:15], expected_attach_type=BPF_XDP)
-    try:
-        return _bpf(BPF_PROG_LOAD, attr)
-    except BpfError:
-        attr.log_level, attr.log_size, attr.log_buf = 1, LOG_SIZE, ct.addressof(log)
-        try:
-            return _bpf(BPF_PROG_LOAD, attr)
-        except BpfError as e:
-            text = log.value.decode(errors="replace").strip().splitlines()
-            raise BpfError(e.errno, f"loading {name}: {e.strerror}; verifier: {' | '.join(text[-8:])}") from None
-
-
 @dataclass
 class RunResult:
     retval: int
-    data: bytes  # the packet after the program (XDP: starting at its metadata, if any)
+    data: bytes  # the packet after the program
     ctx: bytes
     duration_ns: int
 

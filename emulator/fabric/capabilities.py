@@ -102,12 +102,12 @@ def bcc_env() -> dict[str, str]:
 
 
 def check_bcc() -> Check:
-    """Compile and load a trivial XDP program with bcc, in a child process (bcc is heavy)."""
+    """Compile and load a trivial tc program with bcc, in a child process (bcc is heavy)."""
     program = REPO / "ebpf" / "doctor_probe.c"
     code = (
         "import sys\nfrom bcc import BPF\n"
         f"b = BPF(src_file={str(program)!r})\n"
-        "fn = b.load_func('doctor_probe', BPF.XDP)\n"
+        "fn = b.load_func('doctor_probe', BPF.SCHED_CLS)\n"
         "print('loaded fd', fn.fd)\n"
     )
     fix = "sudo scripts/setup.sh (installs python3-bpfcc and kernel headers bcc can use)"
@@ -118,9 +118,9 @@ def check_bcc() -> Check:
         return Check("bcc", False, "compiling a trivial program took over 120 s", fix)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return Check("bcc", False, f"cannot compile a trivial XDP program: {last}", fix)
+        return Check("bcc", False, f"cannot compile a trivial tc program: {last}", fix)
     src = bcc_kernel_source() or f"/lib/modules/{platform.release()}/build"
-    return Check("bcc", True, f"compiled and loaded an XDP program (headers: {src})")
+    return Check("bcc", True, f"compiled and loaded a tc program (headers: {src})")
 
 
 def _tool(name: str, binary: str, package: str) -> Check:

@@ -5,8 +5,7 @@ holds tens of thousands of routes, and its encoder alone would be the build. So 
 routes go to the kernel as batches of prebuilt messages on one socket per namespace, every one
 acknowledged and every error raised, and the table is read back in one dump parsed here. Its
 qdiscs, classes and filters are encoded by pyroute2 once per distinct request (tc_message: the
-ports of a tier ask the same of the kernel but for their ifindex) and batched the same way, and
-XDP is attached by a message packed here and read back in the namespace's link dump.
+ports of a tier ask the same of the kernel but for their ifindex) and batched the same way.
 """
 from __future__ import annotations
 
@@ -43,10 +42,6 @@ RTA_OIF = 4
 RTA_GATEWAY = 5
 RTA_MULTIPATH = 9
 RTA_TABLE = 15
-IFLA_XDP = 43
-IFLA_XDP_FD = 1
-IFLA_XDP_FLAGS = 3
-NLA_F_NESTED = 0x8000
 TCA_KIND = 1
 TCA_OPTIONS = 2
 TCA_BPF_NAME = 7
@@ -139,14 +134,6 @@ def addr_message(ifindex: int, address: ipaddress.IPv4Interface) -> bytes:
                + _attr(IFA_ADDRESS, packed) + _attr(IFA_LOCAL, packed))
     return _NLMSG.pack(_NLMSG.size + len(payload), RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
                        0, 0) + payload
-
-
-def xdp_message(ifindex: int, prog_fd: int, flags: int) -> bytes:
-    """RTM_SETLINK attaching the XDP program ``prog_fd`` to ``ifindex`` (what `ip link set dev
-    X xdpdrv fd N` sends); a negative fd detaches."""
-    nested = _attr(IFLA_XDP_FD, struct.pack("=i", prog_fd)) + _attr(IFLA_XDP_FLAGS, struct.pack("=I", flags))
-    payload = _IFINFO.pack(socket.AF_UNSPEC, 0, ifindex, 0, 0) + _attr(IFLA_XDP | NLA_F_NESTED, nested)
-    return _NLMSG.pack(_NLMSG.size + len(payload), RTM_SETLINK, NLM_F_REQUEST | NLM_F_ACK, 0, 0) + payload
 
 
 def tc_message(command: str, kind: str, ifindex: int, handle: int = 0, **kwargs: Any) -> bytes:

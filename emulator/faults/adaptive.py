@@ -3,7 +3,7 @@ each border's ports onto the paths every ``adaptive_interval`` (dilated) and set
 in the ECMP groups through the fault agent, which writes the tables and marks the ports it
 takes out. The datapath pins each flow to its next hop until a flowlet gap, so new weights move
 only new flows and flowlets; a path taken out moves its flows at once (emulator/faults/agent.py,
-ebpf/xdp_ingress.c).
+ebpf/tc_ingress.c).
 
   - ``queue``: a path's weight falls with its queue: 1 / (1 + depth / reference), the
     reference being the ECN threshold Kmax (where the fabric calls a queue congested).

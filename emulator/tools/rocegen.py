@@ -18,6 +18,7 @@ sent (``expect N`` on stdin), or a drain time after being told, or on its timeou
 from __future__ import annotations
 
 import argparse
+import ctypes as ct
 import json
 import select
 import socket
@@ -88,6 +89,55 @@ def send(dst: str, qps: int, packets: int, payload: int, pps: float, sport_mode:
             errors += 1
     seconds = time.monotonic() - started
     return {"sent": sent, "send_errors": errors, "seconds": seconds}
+
+
+class _Iovec(ct.Structure):
+    _fields_ = [("base", ct.c_void_p), ("len", ct.c_size_t)]
+
+
+class _Msghdr(ct.Structure):
+    _fields_ = [("name", ct.c_void_p), ("namelen", ct.c_uint32), ("iov", ct.POINTER(_Iovec)),
+                ("iovlen", ct.c_size_t), ("control", ct.c_void_p), ("controllen", ct.c_size_t),
+                ("flags", ct.c_int)]
+
+
+class _Mmsghdr(ct.Structure):
+    _fields_ = [("hdr", _Msghdr), ("len", ct.c_uint)]
+
+
+def flood(dst: str, qps: int, payload: int, seconds: float, batch: int, pair_id: int) -> dict:
+    """Offer as much as the host takes for ``seconds``: ``batch`` packets of a QP per sendmmsg(2)
+    (one system call for them, so the sender's own cost per packet is the kernel's, not
+    Python's), the QPs in turn. An instrument for the switches' forwarding rate: nothing is
+    paced and what a full queue drops is not resent. Prints ``sending`` as it starts."""
+    libc = ct.CDLL(None, use_errno=True)
+    socks, vecs, keep = [], [], []
+    for qp in range(qps):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, (DSCP_DATA << 2) | ECT0)
+        s.bind(("0.0.0.0", SPORT_BASE + (pair_id * 1024 + qp) % 16384))
+        s.connect((dst, ROCE_PORT))
+        socks.append(s)
+        pkt = ct.create_string_buffer(BTH_STRUCT.pack(WRITE_MIDDLE, 0, 0xFFFF, qpn_of(pair_id * 1024 + qp), 0)
+                                      + bytes(payload) + bytes(4))
+        iov = _Iovec(ct.cast(pkt, ct.c_void_p), len(pkt.raw) - 1)
+        msgs = (_Mmsghdr * batch)()
+        for m in msgs:
+            m.hdr.iov, m.hdr.iovlen = ct.pointer(iov), 1
+        keep += [pkt, iov]
+        vecs.append(msgs)
+    print("sending", flush=True)
+    started = time.monotonic()
+    end = started + seconds
+    sent = calls = 0
+    while time.monotonic() < end:
+        for s, msgs in zip(socks, vecs):
+            n = libc.sendmmsg(s.fileno(), msgs, batch, 0)
+            calls += 1
+            if n > 0:
+                sent += n
+    return {"sent": sent, "calls": calls, "seconds": time.monotonic() - started, "started": started}
 
 
 def receive(qps_expected: int, timeout: float, drain: float = 2.0, idle: float = 0.0) -> dict:
@@ -180,6 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--burst", type=int, default=1, help="packets of one QP sent back to back")
     s.add_argument("--sndbuf", type=int, default=0, help="SO_SNDBUF bytes (small: block on a full NIC queue)")
     s.add_argument("--gate", action="store_true", help="print 'ready', then send when a line comes on stdin")
+    f = sub.add_parser("flood", help="offer all the host takes, sendmmsg batches, for a time")
+    f.add_argument("dst")
+    f.add_argument("--qps", type=int, default=4)
+    f.add_argument("--payload", type=int, default=64)
+    f.add_argument("--seconds", type=float, default=2.0)
+    f.add_argument("--batch", type=int, default=64, help="packets per sendmmsg call")
+    f.add_argument("--pair-id", type=int, default=0)
     r = sub.add_parser("recv")
     r.add_argument("--qps", type=int, required=True, help="QPs (over all senders) to wait for")
     r.add_argument("--timeout", type=float, default=30.0)
@@ -189,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "send":
         out = send(a.dst, a.qps, a.packets, a.payload, a.pps, a.sport, a.pair_id, a.burst, a.sndbuf, a.gate)
+    elif a.cmd == "flood":
+        out = flood(a.dst, a.qps, a.payload, a.seconds, a.batch, a.pair_id)
     else:
         out = receive(a.qps, a.timeout, a.drain, a.idle)
     print(json.dumps(out), flush=True)

@@ -20,7 +20,7 @@ from emulator.fabric import netns
 NS = f"bp-probe-dp{os.getpid()}"
 IN_PORT, PEER_PORT = 201, 202  # a switch port and the port at the other end of its wire
 FIBER_PORT = 203  # a non-switch port (count only)
-NEXT_HOPS = list(range(301, 309))  # 8 egress ports (only named in maps; XDP just chooses)
+NEXT_HOPS = list(range(301, 309))  # 8 egress ports (only named in maps: a test run redirects nowhere)
 NODE_ID = 7
 MAC_IN, MAC_PEER = "02:62:70:00:07:00", "02:62:70:00:08:00"
 FRAME = 4096 + 128
@@ -60,12 +60,17 @@ def programmed(dp, ns):
     dp.set_port(IN_PORT, S.Port(NODE_ID, S.PORT_SWITCH, 0, 32000, S.mac_bytes(MAC_IN), S.mac_bytes(MAC_PEER)))
     dp.set_port(FIBER_PORT, S.Port(NODE_ID + 1, 0, IN_PORT, 0, S.mac_bytes(MAC_PEER), S.mac_bytes(MAC_IN)))
     for i, nh in enumerate(NEXT_HOPS):
-        dp.set_port(nh, S.Port(NODE_ID, S.PORT_SWITCH, 0, 32000, S.mac_bytes(f"02:62:70:00:07:{i + 1:02x}"),
-                               S.mac_bytes(f"02:62:70:00:09:{i:02x}")))
+        dp.set_port(nh, next_hop_entry(i))
     import ipaddress
 
     dp.set_route(NODE_ID, ipaddress.IPv4Network("198.18.1.0/24"), NEXT_HOPS)
     return dp
+
+
+def next_hop_entry(i: int) -> S.Port:
+    """Next hop ``i`` of the switch: a port whose MACs name it (its peer's MAC ends in ``i``)."""
+    return S.Port(NODE_ID, S.PORT_SWITCH, 0, 32000, S.mac_bytes(f"02:62:70:00:07:{i + 1:02x}"),
+                  S.mac_bytes(f"02:62:70:00:09:{i:02x}"))
 
 
 def reset_port(dp: Datapath, ifindex: int) -> None:
@@ -74,11 +79,6 @@ def reset_port(dp: Datapath, ifindex: int) -> None:
     dp.table("bp_counters")[ct.c_int(ifindex)] = (S.Counters * ncpu)()
     for slot in range(S.QUEUE_SLOTS):
         dp.table("bp_queues")[ct.c_int(ifindex * S.QUEUE_SLOTS + slot)] = S.Queue()
-
-
-def xdp_ctx(ingress_ifindex: int, size: int) -> bytes:
-    # struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex
-    return struct.pack("=IIIIII", 0, size, 0, ingress_ifindex, 0, 0)
 
 
 def skb_ctx(ifindex: int) -> bytes:

@@ -11,12 +11,12 @@ import pytest
 from scapy.layers.inet import IP
 
 from emulator.bpf import pfc as agent, structs as S
-from emulator.bpf.datapath import DSCP_TAGGED, TC_EGRESS_PROG, XDP_PROG
+from emulator.bpf.datapath import DSCP_TAGGED, TC_EGRESS_PROG
 from emulator.bpf.syscall import prog_test_run
 from emulator.fabric import netns
 
-from .conftest import FIBER_PORT, IN_PORT, MAC_IN, MAC_PEER, NODE_ID, NS, xdp_ctx
-from .test_programs import TC_ACT_OK, TC_ACT_SHOT, XDP_DROP, XDP_PASS, ip_checksum_ok, roce
+from .conftest import FIBER_PORT, IN_PORT, MAC_IN, MAC_PEER, NODE_ID, NS
+from .test_programs import TC_ACT_OK, TC_ACT_SHOT, ip_checksum_ok, roce, run_in
 
 UPSTREAM = 301  # the port the packet came in by (a port of the same switch as IN_PORT)
 PRIO, TAGGED_PRIO = 3, 4
@@ -38,11 +38,6 @@ def priority_of(ctx_out: bytes) -> int:
 def egress(dp, data: bytes, port: int = IN_PORT, came_in: int = UPSTREAM):
     with netns.entered(NS):
         return prog_test_run(dp.fds[TC_EGRESS_PROG], data, ctx=skb_ctx(port, came_in))
-
-
-def xdp(dp, data: bytes, port: int):
-    with netns.entered(NS):
-        return prog_test_run(dp.fds[XDP_PROG], data, ctx=xdp_ctx(port, len(data)))
 
 
 def zero(dp, table: str, key: int, value) -> None:
@@ -101,8 +96,8 @@ def test_xoff_then_the_dequeue_gives_bytes_back_and_xon(pfc):
         outs.append(r.data)
     assert pfc.ingress(UPSTREAM, PRIO)["bytes"] >= XOFF > pfc.ingress(UPSTREAM, PRIO)["bytes"] - len(data)
     for out in outs:
-        r = xdp(pfc, out, FIBER_PORT)  # the packet arrives at the far end of IN_PORT's wire
-        assert r.retval == XDP_PASS
+        r = run_in(pfc, out, FIBER_PORT)  # the packet arrives at the far end of IN_PORT's wire
+        assert r.retval == TC_ACT_OK
         assert tag_of(r.data[-len(out):]) == 0  # the tag is cleared before anyone else sees it
     assert pfc.ingress(UPSTREAM, PRIO) == {"bytes": 0, "max_bytes": len(outs) * len(data), "paused": False}
 
@@ -128,8 +123,8 @@ def test_a_lossy_packet_is_not_accounted_and_keeps_tail_drop(pfc):
 @pytest.mark.parametrize("quanta", [0xFFFF, 0])
 def test_a_pfc_frame_is_counted_and_consumed(pfc, quanta):
     frame = agent.pfc_frame(bytes.fromhex(MAC_PEER.replace(":", "")), 1 << PRIO, {PRIO: quanta})
-    r = xdp(pfc, frame, IN_PORT)
-    assert r.retval == XDP_DROP
+    r = run_in(pfc, frame, IN_PORT)
+    assert r.retval == TC_ACT_SHOT
     c = pfc.pfc_counters(IN_PORT, PRIO)
     assert (c["rx_pause"], c["rx_resume"]) == ((1, 0) if quanta else (0, 1))
 
@@ -138,7 +133,7 @@ def test_a_pfc_frame_on_a_port_without_pfc_is_dropped_as_mac_control(pfc):
     before = pfc.counters(FIBER_PORT)["mac_control"]
     pfc.set_port(FIBER_PORT, S.Port(NODE_ID + 1, 0, IN_PORT, 0, S.mac_bytes(MAC_PEER), S.mac_bytes(MAC_IN)))
     frame = agent.pfc_frame(bytes(6), 1 << PRIO, {PRIO: 100})
-    assert xdp(pfc, frame, FIBER_PORT).retval == XDP_DROP
+    assert run_in(pfc, frame, FIBER_PORT).retval == TC_ACT_SHOT
     assert pfc.counters(FIBER_PORT)["mac_control"] == before + 1
 
 
@@ -181,6 +176,6 @@ def test_a_stormed_queue_drops_only_in_drop_mode(pfc, action, verdict):
     assert pfc.pfc_counters(IN_PORT, PRIO)["wd_tx_drop"] == (1 if action == "drop" else 0)
     # Its PAUSEs: ignored unless alert.
     frame = agent.pfc_frame(bytes(6), 1 << PRIO, {PRIO: 0xFFFF})
-    assert xdp(pfc, frame, IN_PORT).retval == XDP_DROP
+    assert run_in(pfc, frame, IN_PORT).retval == TC_ACT_SHOT
     assert pfc.pfc_counters(IN_PORT, PRIO)["pause_ignored"] == (0 if action == "alert" else 1)
     assert pfc.table("bp_wd")[ct.c_int(IN_PORT * S.NUM_PRIO + PRIO)].last_pause_ns > 0

@@ -37,7 +37,6 @@ def test_constants_match():
     assert consts["BP_MAX_NEXTHOPS"] == S.MAX_NEXTHOPS
     assert consts["BP_NUM_PRIO"] == S.NUM_PRIO
     assert consts["BP_MAX_ROUTES"] == S.MAX_ROUTES
-    assert consts["BP_META_MAGIC"] == S.META_MAGIC
     assert consts["BP_PROB_ONE"] == S.PROB_ONE
     assert consts["BP_PORT_SWITCH"] == S.PORT_SWITCH
     assert consts["BP_PORT_PEER_TBF"] == S.PORT_PEER_TBF
@@ -67,13 +66,12 @@ def test_constants_match():
     assert {m: consts[c] for m, c in modes.items()} == S.HASH_MODES
 
 
-# Structs no map holds, compiled into maps of their own so bcc shows their layout: the XDP->tc
-# metadata (mirrored by S.Meta) and the BTH the parser reads (the wire's BTH_STRUCT in Python).
+# Structs no map holds, compiled into maps of their own so bcc shows their layout: the PFC
+# agent's events (mirrored by S.Event) and the BTH the parser reads (the wire's BTH_STRUCT).
 LAYOUT_PROBE = """
 #include <linux/types.h>
 #include "bp_structs.h"
 #include "bp_parse.h"
-BPF_ARRAY(meta_layout, struct bp_meta, 1);
 BPF_ARRAY(bth_layout, struct bp_bth, 1);
 BPF_ARRAY(event_layout, struct bp_event, 1);
 """
@@ -86,12 +84,6 @@ def probe():
     b = BPF(text=LAYOUT_PROBE, cflags=[f"-I{EBPF_DIR / 'include'}", "-Wno-unused-function"])
     yield b
     b.cleanup()
-
-
-def test_meta_mirror_matches_the_compiled_struct(probe):
-    theirs = probe["meta_layout"].Leaf
-    assert ct.sizeof(theirs) == ct.sizeof(S.Meta)
-    assert layout(theirs) == layout(S.Meta)
 
 
 def test_event_mirror_matches_the_compiled_struct(probe):

@@ -239,9 +239,9 @@ def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fa
     def within(s, frames):
         return min(s[0], s[2]) - frames * FRAME <= s[1] <= max(s[0], s[2]) + frames * FRAME
 
-    # The maps count a frame as dequeued when the peer's XDP sees it, a NAPI poll after the
-    # qdisc released it: frames waiting in the peer's veth ring (more of them when the CPUs are
-    # busy) stand between the two. Measured here: 95-99% of samples within one frame, the rest
+    # The maps count a frame as dequeued when the peer's tc ingress sees it, a backlog round
+    # after the qdisc released it: frames waiting in the CPU's backlog (more of them when the CPUs
+    # are busy) stand between the two. Measured here: 95-99% of samples within one frame, the rest
     # within three.
     agree = [s for s in full if within(s, 1)]
     near = [s for s in full if within(s, 4)]
@@ -266,7 +266,7 @@ def test_overload_depth_matches_qdisc_backlog_marks_ect_and_qdisc_never_drops(fa
 
 def test_overloaded_port_dequeues_back_to_back_at_its_rate(fabrics, tmp_path):
     """Mininet-HiFi's fidelity check on the 2:1 incast above: while the port was backlogged,
-    the peer's XDP saw frames leave its queue one transmission time apart.
+    the peer's tc ingress saw frames leave its queue one transmission time apart.
 
     The primary check is the rate achieved over the busy gaps (bytes the shaper charged to them
     / their time): within 10% of the port's configured rate. Single gaps jitter with the

@@ -92,7 +92,7 @@ def test_fuzzed_nic_keeps_the_transfer_intact_and_counts_every_rejection(fabrics
     assert lost <= FUZZ // 200 or steal, f"lost while the monitor saw no steal: {losses}"
     host_port = next(fabric_plan.ports(SRC))
     assert rx["nic"]["socket_overflow"] == 0
-    # No whole BTH: the leaf's XDP drops it.
+    # No whole BTH: the leaf's tc ingress drops it.
     leaf_in = (host_port.peer_node, host_port.peer_ifname)
     short = after[leaf_in]["counters"]["drop_roce_header"] - before[leaf_in]["counters"]["drop_roce_header"]
     assert sent["short"] - lost <= short <= sent["short"]

@@ -128,16 +128,6 @@ def test_a_tc_message_is_what_ipr_tc_would_send_for_that_port(command, kind, han
         assert ours[:8] == theirs[:8] and ours[16:] == theirs[16:]
 
 
-def test_an_xdp_attach_is_what_ip_link_sends():
-    msg = rtnl.xdp_message(321, 9, 1 << 2)
-    length, kind, flags = struct.unpack_from("=IHH", msg)
-    assert (length, kind, flags) == (len(msg), rtnl.RTM_SETLINK, rtnl.NLM_F_REQUEST | rtnl.NLM_F_ACK)
-    family, _, index, _, _ = struct.unpack_from("=BxHiII", msg, 16)
-    assert (family, index) == (socket.AF_UNSPEC, 321)
-    # IFLA_XDP, nested: the program's fd, then the mode flags (native)
-    assert msg[32:] == struct.pack("=HHHHiHHI", 20, 43 | 0x8000, 8, 1, 9, 8, 3, 1 << 2)
-
-
 @pytest.mark.parametrize("address", ["198.19.0.3/31", "198.18.0.1/32"])
 def test_an_address_and_a_link_up_are_what_pyroute2_would_send(address):
     iface = ipaddress.IPv4Interface(address)
