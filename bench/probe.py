@@ -27,9 +27,10 @@ class Probe:
     frame: bytes  # Ethernet, IPv4 (DSCP 26, ECT), UDP to 4791, a zeroed BTH and a 1 KB payload
 
 
-def roce_frame(qpn: int = 0) -> bytes:
+def roce_frame(qpn: int = 0, ttl: int = 64) -> bytes:
     bth = bytes(4) + qpn.to_bytes(4, "big") + bytes(4)  # opcode..pkey, rsvd + dest QP, PSN
-    return bytes(Ether(src="02:62:70:00:07:00", dst="02:62:70:00:07:01") / IP(src="198.18.0.2", dst="198.18.1.2", tos=(26 << 2) | 2) /
+    return bytes(Ether(src="02:62:70:00:07:00", dst="02:62:70:00:07:01") /
+                 IP(src="198.18.0.2", dst="198.18.1.2", tos=(26 << 2) | 2, ttl=ttl) /
                  UDP(sport=49152, dport=S.ROCE_PORT, chksum=0) / (bth + bytes(1024 + 4)))  # one page holds it
 
 
