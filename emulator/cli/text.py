@@ -121,6 +121,10 @@ def format_transfer(body: dict) -> list[str]:
              f"({r['goodput_bps'] / line:.2f} of one host link), {r['data_packets']} packets, "
              f"{r['retransmits']} retransmitted, {r['timeouts']} timeouts, {r['cnps']} CNPs",
              f"  rate control: {r['rate_control']}"]
+    if r.get("nic_cpu_s"):
+        lines.append(f"  soft-NICs' CPU: {r['nic_cpu_s']:.2f} s in {r['seconds']:.2f} s of wall time "
+                     f"({r['nic_cpu_s'] / r['seconds']:.2f} cores, the kernel's forwarding in their sends "
+                     f"included), {units.format_rate(r['goodput_per_core_bps'])} of goodput per core (emulated)")
     delay = r["receiver"]["nic"].get("cnp_delay_s")
     if delay:
         lines.append(f"  CNPs left the receiver {dur(delay['p50'])} (p50; p90 {dur(delay['p90'])}, max "

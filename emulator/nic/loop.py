@@ -20,8 +20,10 @@ emulated bytes per virtual second (the real rate x scale x dilation) and bytes a
 bytes (real x scale x dilation): at d = 1/scale both are the real fabric's. What the loop
 itself needs in wall time (how long a turn sends, how long it may sleep) stays in wall time.
 
-No asyncio: a select() per idle period and plain non-blocking reads in batches (asyncio costs
-about 8x per datagram here); payloads go out by scatter-gather sendmsg straight from the
+No asyncio: a select() per idle period and non-blocking reads of up to RX_BATCH datagrams in
+one recvmmsg(2) (nic/mmsg.py; asyncio costs about 8x per datagram here). A WRITE_MIDDLE or
+WRITE_LAST that its QP expects is carried out without building a parsed Packet
+(QueuePair.write_next). Payloads go out by scatter-gather sendmsg straight from the
 registered buffer, with no copy in Python. No UDP GSO either: Linux refuses a UDP_SEGMENT send
 on a socket that sends checksum 0 (EINVAL: segmentation needs checksum offload), and RoCEv2
 sends checksum 0; Python has no sendmmsg. So each packet is one sendmsg, and the loop sends a
@@ -30,6 +32,7 @@ QP's packets back to back between reads.
 from __future__ import annotations
 
 import collections
+import errno
 import heapq
 import select
 import socket
@@ -37,10 +40,10 @@ import struct
 import time
 from dataclasses import asdict, dataclass, field
 
-from emulator.nic import dcqcn, wire
+from emulator.nic import dcqcn, mmsg, wire
 from emulator.nic.memory import ProtectionDomain
 from emulator.nic.rc import CompletionQueue, QpConfig, QueuePair
-from emulator.nic.wire import CE, DSCP_CNP, DSCP_DATA, ECT0
+from emulator.nic.wire import CE, DSCP_CNP, DSCP_DATA, ECT0, crc32
 from emulator.stats import summary
 
 SO_NO_CHECK = 11  # RoCEv2 sends UDP checksum 0
@@ -60,7 +63,10 @@ TX_TURN_S = 0.5e-3  # sending stops after this long in a turn, so ACKs and CNPs 
 RCVBUF = 32 << 20
 WIRE_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4, UDP: what the host link carries besides the transport
 _ICRC = struct.Struct("<I")
-_CMSG = socket.CMSG_SPACE(4) + socket.CMSG_SPACE(_TIMESPEC.size)
+_NO_ANCILLARY: list = []
+_FF = b"\xff"  # the ICRC covers the BTH's FECN/BECN/reserved byte as ones
+_CMSG_HEADER = socket.CMSG_LEN(0)
+_STAMP_ONLY = socket.CMSG_SPACE(_TIMESPEC.size)  # a datagram's control messages: its arrival time alone
 _SOCK_FILTER = struct.Struct("HBBI")  # struct sock_filter: code, jt, jf, k
 # Classic BPF over an IPv4 packet (a raw socket's view): pass unfragmented UDP to port 4791.
 ROCE_FILTER = (
@@ -77,6 +83,14 @@ DROP_ALL = ((0x06, 0, 0, 0),)
 
 class NicError(OSError):
     """The soft-NIC cannot open what it needs (its receive sockets)."""
+
+
+def _arrival(stamp) -> float | None:
+    """An SO_TIMESTAMPNS control message as CLOCK_REALTIME seconds (None without one)."""
+    if stamp is None:
+        return None
+    sec, nsec = _TIMESPEC.unpack(stamp[:_TIMESPEC.size])
+    return sec + nsec * 1e-9
 
 
 def attach_filter(sock: socket.socket, program) -> None:
@@ -152,6 +166,8 @@ class SoftNic:
         self._peer: dict[int, tuple[str, socket.socket, int]] = {}  # qpn -> (peer ip, socket, sport)
         self._next_qpn = QPN_BASE
         self._peer_raw: dict[int, bytes] = {}  # qpn -> the peer's address as the IP header has it
+        self._peer_addr: dict[int, tuple[str, int]] = {}  # qpn -> where its packets go
+        self._tx_crc: dict[int, dict] = {}  # qpn -> its ICRCs over the headers and the BTH's first word
         self._rate = line_rate_bps / 8  # bytes per second; 0: unpaced
         self._burst = burst_bytes
         self._tokens = float(burst_bytes)
@@ -180,14 +196,17 @@ class SoftNic:
         self.rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self.rx.bind((ip, 0))
         self.rx.setblocking(False)
+        if not mmsg.available():
+            self.rx.close()
+            raise NicError(errno.ENOSYS, "the soft-NIC reads its packets with recvmmsg(2) and LP64 structures "
+                                         "(Linux on a 64-bit CPU); this system has neither")
+        self._batch = mmsg.RecvBatch(self.rx.fileno(), RX_BATCH)
         # The port's owner, so no datagram to it is answered with ICMP; it never reads.
         self.port = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         attach_filter(self.port, DROP_ALL)
         self.port.bind((ip, wire.ROCE_PORT))
         # The transmit queue behind a paused link, in order: (socket, buffers, ancillary, address).
         self._stalled: collections.deque = collections.deque()
-        self._rxbuf = bytearray(65536)
-        self._rxview = memoryview(self._rxbuf)
         # Loss on purpose, for tests and interop checks: called as lose("rx" | "tx", transport
         # headers) per data packet; True loses it (counted as injected_rx / injected_tx).
         self.lose = None
@@ -229,6 +248,8 @@ class SoftNic:
         self.qps[qpn] = qp
         self._peer[qpn] = (peer_ip, s, sport)
         self._peer_raw[qpn] = socket.inet_aton(peer_ip)
+        self._peer_addr[qpn] = (peer_ip, wire.ROCE_PORT)
+        self._tx_crc[qpn] = {}
         self.tx_bytes[qpn] = 0
         self.ce_data[qpn] = 0
         if self.cc is not None:
@@ -242,19 +263,19 @@ class SoftNic:
         self.qps.pop(qpn)
         _, sock, _ = self._peer.pop(qpn)
         sock.close()
-        for table in (self._peer_raw, self.tx_bytes, self.ce_data, self._np):
+        for table in (self._peer_raw, self._peer_addr, self._tx_crc, self.tx_bytes, self.ce_data, self._np):
             table.pop(qpn, None)
 
     # --- the loop ---
 
-    def _icrc_prefix(self, src: str, dst: str, sport: int, tlen: int) -> int:
+    def _icrc_prefix(self, dst: str, sport: int, tlen: int) -> int:
         """The ICRC over the headers of a packet this NIC sends (DF, IP ID 0: see the top)."""
-        key = (src, dst, sport, tlen)
+        key = (dst, sport, tlen)
         crc = self._crc_cache.get(key)
         if crc is None:
             if len(self._crc_cache) > 4096:
                 self._crc_cache.clear()
-            crc = self._crc_cache[key] = wire.icrc_headers(*wire.ipv4_udp_headers(src, dst, sport, tlen))
+            crc = self._crc_cache[key] = wire.icrc_headers(*wire.ipv4_udp_headers(self.ip, dst, sport, tlen))
         return crc
 
     def _icrc_received(self, headers: memoryview, hl: int) -> int:
@@ -271,17 +292,33 @@ class SoftNic:
     def _icrc(self, peer: str, sport: int, parts) -> bytes:
         """The ICRC of a packet (headers, payload, pad) we send to ``peer`` from ``sport``."""
         tlen = sum(len(p) for p in parts) + wire.ICRC_LEN
-        return _ICRC.pack(wire.icrc_transport(self._icrc_prefix(self.ip, peer, sport, tlen), parts))
+        return _ICRC.pack(wire.icrc_transport(self._icrc_prefix(peer, sport, tlen), parts))
 
     def _send(self, qpn: int, parts) -> int:
+        """Put one packet (its parts: headers, then payload and pad if any) of a QP on the wire;
+        the bytes it takes on the host link."""
         peer, sock, sport = self._peer[qpn]
-        icrc = self._icrc(peer, sport, parts)
-        if self.lose is not None and self.lose("tx", parts[0]):
+        tlen = wire.ICRC_LEN
+        for p in parts:
+            tlen += len(p)
+        first = parts[0]
+        # The ICRC up to the BTH's masked byte depends on the length and the BTH's first word only.
+        key = (tlen, first[:4])
+        heads = self._tx_crc[qpn]
+        head = heads.get(key)
+        if head is None:
+            if len(heads) > 4096:  # last packets of many lengths must not grow it forever
+                heads.clear()
+            head = heads[key] = crc32(_FF, crc32(key[1], self._icrc_prefix(peer, sport, tlen)))
+        crc = crc32(first[5:], head)
+        for p in parts[1:]:
+            crc = crc32(p, crc)
+        if self.lose is not None and self.lose("tx", first):
             self.counters.drop("injected_tx")  # lost on the wire: it still took its time there
         else:
-            self._xmit(sock, [*parts, icrc], [], (peer, wire.ROCE_PORT))
+            self._xmit(sock, [*parts, _ICRC.pack(crc)], _NO_ANCILLARY, self._peer_addr[qpn])
         self.counters.tx_packets += 1
-        n = sum(len(p) for p in parts) + wire.ICRC_LEN + WIRE_OVERHEAD
+        n = tlen + WIRE_OVERHEAD
         self.tx_bytes[qpn] += n
         return n
 
@@ -323,26 +360,32 @@ class SoftNic:
         self.cnp_late.append(max(0.0, now - due) * self.dilation)
 
     def _receive(self, now: float) -> int:
-        n_got = 0
-        view = self._rxview
+        batch = self._batch
         c = self.counters
         # Kernel arrival times are CLOCK_REALTIME: put them on the virtual clock through one
-        # reading of both clocks per batch.
-        self._rt_now, self._v_now = time.time(), now
-        for _ in range(RX_BATCH):
-            try:
-                n, anc, _, _ = self.rx.recvmsg_into([self._rxbuf], _CMSG)
-            except BlockingIOError:
-                break
-            n_got += 1
+        # reading of both clocks per batch, taken together.
+        self._rt_now, self._v_now = time.time(), self.clock()
+        got = batch.read(RX_BATCH)
+        controls = batch.control_bytes
+        for i in range(got):
             c.rx_packets += 1
+            at = i * mmsg.CONTROL
+            if batch.control_length(i) == _STAMP_ONLY:  # the usual case: the arrival time alone
+                stamp = controls[at + _CMSG_HEADER:at + _STAMP_ONLY]
+            else:
+                stamp = None
+                for cm in batch.controls(i):
+                    if cm.level == socket.SOL_SOCKET and cm.kind == SO_RXQ_OVFL and len(cm.data) >= 4:
+                        c.socket_overflow = struct.unpack("=I", cm.data[:4])[0]
+                    elif cm.level == socket.SOL_SOCKET and cm.kind == SO_TIMESTAMPNS and len(cm.data) >= _TIMESPEC.size:
+                        stamp = cm.data
             try:
-                self._input(view[:n], anc, now)
+                self._input(batch.frame(i), stamp, now)
             except wire.Malformed as e:
                 c.drop(e.reason)
             except Exception:  # a bug must cost one packet, never the NIC: counted, and tests assert none
                 c.drop("internal_error")
-        return n_got
+        return got
 
     def _virtual(self, arrived: float | None, now: float) -> float:
         """A kernel arrival time (CLOCK_REALTIME) on the virtual clock; ``now`` without one."""
@@ -373,15 +416,9 @@ class SoftNic:
                 self.cnp_reactions.append(time.time() - arrived)
             self.reaction_late.append(max(0.0, now - due) * self.dilation)
 
-    def _input(self, frame: memoryview, anc: list, now: float) -> None:
-        """One IPv4 packet (the raw socket's view: IP header, UDP header, BTH..ICRC)."""
-        arrived = None  # kernel arrival time (CLOCK_REALTIME): only differences are used
-        for level, kind, value in anc:
-            if level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(value) >= 4:
-                self.counters.socket_overflow = struct.unpack("=I", value[:4])[0]
-            elif level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(value) >= _TIMESPEC.size:
-                sec, nsec = _TIMESPEC.unpack(value[:_TIMESPEC.size])
-                arrived = sec + nsec * 1e-9
+    def _input(self, frame: memoryview, stamp: memoryview | None, now: float) -> None:
+        """One IPv4 packet (the raw socket's view: IP header, UDP header, BTH..ICRC) and its
+        kernel arrival time (a struct timespec), read only where it is used (CNPs, CE marks)."""
         size = len(frame)
         hl = (frame[0] & 0xF) * 4 if size else 0
         if size < 20 or frame[0] >> 4 != 4 or hl < 20 or size < hl + 8:
@@ -397,28 +434,43 @@ class SoftNic:
         ce = frame[1] & 3 == CE
         if ce:
             self.counters.rx_ce += 1
-        crc = wire.icrc_transport(self._icrc_received(frame[:hl + 8], hl), [data[:n - 4]])
-        if _ICRC.pack(crc) != data[n - 4:n]:
+        crc = self._icrc_received(frame[:hl + 8], hl)
+        crc = crc32(data[5:n - 4], crc32(_FF, crc32(data[:4], crc)))
+        if _ICRC.unpack_from(data, n - 4)[0] != crc:
             raise wire.Malformed("bad_icrc")
-        pkt = wire.parse(data)
-        qp = self.qps.get(pkt.bth.dqpn)
+        qp = None
+        plain = wire.plain_write(data)
+        if plain is not None:
+            # The bulk of the traffic, carried out without a parsed Packet when the QP expects it
+            # (write_next says); anything else takes the full parse below, unchanged.
+            dqpn, opcode, psn, ackreq, body = plain
+            qp = self.qps.get(dqpn)
+            if qp is None or frame[12:16] != self._peer_raw[dqpn] or not qp.connected \
+                    or not qp.write_next(opcode, psn, ackreq, body):
+                qp = None
         if qp is None:
-            raise wire.Malformed("unknown_qp", hex(pkt.bth.dqpn))
-        if frame[12:16] != self._peer_raw[qp.qpn] or not qp.connected:
-            # RC: only the connected peer may talk to a QP
-            raise wire.Malformed("wrong_source", socket.inet_ntoa(frame[12:16]))
-        if pkt.bth.opcode == wire.CNP:
-            # The NIC reacts reaction_delay (virtual) after the CNP arrived, or as soon as the
-            # loop gets to it if that is later.
-            due = self._virtual(arrived, now) + (self.cc.reaction_delay_s if self.cc else 0.0)
-            if due <= now:
-                self._react(qp, pkt, now, arrived, due)
+            pkt = wire.parse(data)
+            opcode = pkt.bth.opcode
+            qp = self.qps.get(pkt.bth.dqpn)
+            if qp is None:
+                raise wire.Malformed("unknown_qp", hex(pkt.bth.dqpn))
+            if frame[12:16] != self._peer_raw[qp.qpn] or not qp.connected:
+                # RC: only the connected peer may talk to a QP
+                raise wire.Malformed("wrong_source", socket.inet_ntoa(frame[12:16]))
+            if opcode == wire.CNP:
+                # The NIC reacts reaction_delay (virtual) after the CNP arrived, or as soon as the
+                # loop gets to it if that is later.
+                arrived = _arrival(stamp)
+                due = self._virtual(arrived, now) + (self.cc.reaction_delay_s if self.cc else 0.0)
+                if due <= now:
+                    self._react(qp, pkt, now, arrived, due)
+                else:
+                    self._schedule(self._cnp_in, due, qp.qpn, pkt, arrived)
             else:
-                self._schedule(self._cnp_in, due, qp.qpn, pkt, arrived)
-        else:
-            qp.receive(pkt, now)
-        if ce and pkt.bth.opcode <= wire.WRITE_ONLY_IMM:
+                qp.receive(pkt, now)
+        if ce and opcode <= wire.WRITE_ONLY_IMM:
             self.ce_data[qp.qpn] += 1
+            arrived = _arrival(stamp)
             due = self._np[qp.qpn].on_ce(self._virtual(arrived, now)) if qp.qpn in self._np else None
             if due is not None:  # now, or when the NP's interval lets a deferred one go
                 due += self.cc.cnp_delay_s
@@ -458,17 +510,21 @@ class SoftNic:
         # one QP further on per turn would hand every turn that starts on an idle QP (a receive
         # QP, a finished one) to the first busy QP after it, so the shares of one message that
         # were split over QPs would finish one after another instead of together.
+        # On a paced line each QP's visit is its share of the tokens among the QPs with work: a
+        # QP at the head of a turn that found tokens saved up (the loop slept, or was not
+        # scheduled) must not take them all while the others wait for the next turn.
         order = list(self.qps.items())
         start = self._rr % len(order) if order else 0
         order = order[start:] + order[:start]
         more = flowing  # behind a paused link no new data goes; answers queue behind it
         turn_end = self.wall() + TX_TURN_S  # from when sending starts: reading took its own time
+        share = max(1, sum(qp.has_work for qp in self.qps.values())) if self._rate else 1
         while more and (not self._rate or self._tokens > 0):
             more = False
             for i, (qpn, qp) in enumerate(order):
                 if self._rate and self._tokens <= 0:
                     break
-                budget = TX_BATCH if not self._rate else max(1, min(TX_BATCH, int(self._tokens // 4200) + 1))
+                budget = TX_BATCH if not self._rate else max(1, min(TX_BATCH, int(self._tokens // 4200 // share) + 1))
                 pkts = qp.transmit(now, budget)
                 if pkts:
                     self._rr = start + i + 1

@@ -282,6 +282,11 @@ class QueuePair:
         self._firsts.append(wr.first)
 
     @property
+    def has_work(self) -> bool:
+        """Something posted is still to be sent, or sent again."""
+        return self.error is None and (self.nxt < self.end or bool(self._lost_set))
+
+    @property
     def idle(self) -> bool:
         """Nothing posted is outstanding."""
         return self.una == self.end
@@ -694,6 +699,35 @@ class QueuePair:
             self._read(pkt, resend=True)  # its responses were lost: a READ can be answered again
         elif pkt.bth.ackreq:
             self._send_ack()
+
+    def write_next(self, op: int, psn: int, ackreq: bool, body: memoryview) -> bool:
+        """The common case of ``on_request`` without a parsed Packet: the PSN the responder
+        expects, a WRITE_MIDDLE or WRITE_LAST (no immediate) of the WRITE being received, of a
+        length it accepts, with nothing held behind it. True: carried out as on_request does it
+        (``body`` is copied into the region at once); False: nothing changed, hand the packet
+        to ``receive``, which decides (refuses, holds or NAKs) as for any other."""
+        left = self._w_left
+        if psn != self.epsn or self._held or self._w_buf is None or not left:
+            return False
+        n = len(body)
+        last = op == _WRITE_BASE + _OP_LAST
+        if (n != left) if last else (n != self.cfg.mtu or n >= left):
+            return False
+        self._rnr_sent = False
+        self._last_op = op
+        off = self._w_off
+        self._w_buf[off:off + n] = body
+        self._w_off = off + n
+        self._w_left = left - n
+        if last:
+            self._w_buf = None
+            self.msn = (self.msn + 1) % PSN_MOD
+        self.epsn = (psn + 1) % PSN_MOD
+        self._nak_sent = False
+        self.stats.delivered += 1
+        if ackreq:
+            self._send_ack()
+        return True
 
     def _execute(self, pkt: Packet) -> bool:
         """Carry out the packet the responder expects; False if it was refused (NAK sent)."""

@@ -28,6 +28,14 @@ def frame(src: str, dst: str, sport: int, parts) -> tuple[bytes, bytes, bytes]:
     return ip, udp, body + wire.icrc(ip, udp, body)
 
 
+def deliver(qp: QueuePair, ip: bytes, udp: bytes, transport: bytes, now: float) -> None:
+    """Hand a packet to a QP as the NIC's loop does: a plain WRITE the QP expects is carried
+    out on the spot (QueuePair.write_next), anything else parsed (ICRC checked) and received."""
+    plain = wire.plain_write(memoryview(transport))
+    if plain is None or not qp.write_next(*plain[1:]):
+        qp.receive(wire.parse(transport, ip, udp), now)
+
+
 @dataclass
 class Side:
     name: str
@@ -93,7 +101,7 @@ class Net:
                 raise TimeoutError(f"fake clock passed {max_time} s")
             while self._q and self._q[0][0] <= self.now:
                 _, _, dst, ip, udp, transport = heapq.heappop(self._q)
-                dst.qp.receive(wire.parse(transport, ip, udp), self.now)
+                deliver(dst.qp, ip, udp, transport, self.now)
             for side in (self.a, self.b):
                 side.qp.on_timer(self.now)
 

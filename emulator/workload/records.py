@@ -94,6 +94,9 @@ class SenderResult:
     nic: dict  # SoftNic.stats()
     telemetry: dict  # the Recorder's series
     qps: list[QpFigures] = field(default_factory=list)
+    # CPU seconds the process ran from its start to its last completion (CLOCK_PROCESS_CPUTIME_ID:
+    # the kernel's work done in its context counts, the forwarding of what it sends included).
+    cpu_s: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -110,6 +113,7 @@ class TargetResult:
     nic: dict
     telemetry: dict
     qps: list[QpFigures] = field(default_factory=list)
+    cpu_s: float = 0.0  # CPU seconds it ran from its start to its last completion (as SenderResult's)
 
     def as_dict(self) -> dict:
         return asdict(self)

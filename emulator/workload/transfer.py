@@ -58,9 +58,17 @@ class TransferResult:
     # What the topology models, in real units, for judging the run (report.fidelity) and for
     # modelling it: the in-DC RTT, the host link's rate, the frame, the DCQCN profile.
     scenario: dict = field(default_factory=dict)
+    # CPU seconds the soft-NIC processes ran (every sender's and the target's, each from its start
+    # to its last completion), the kernel's work in their context included: what the NICs cost.
+    nic_cpu_s: float = 0.0
+
+    @property
+    def goodput_per_core_bps(self) -> float:
+        """Goodput per CPU core the NICs' processes kept busy (emulated bit/s)."""
+        return self.goodput_bps * self.seconds / self.nic_cpu_s if self.nic_cpu_s > 0 else 0.0
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "goodput_per_core_bps": self.goodput_per_core_bps}
 
 
 def _path_rtt(plan, src: str, dst: str, tries: int = 4) -> float:
@@ -340,7 +348,7 @@ def run(plan, src: str | list[str], dst: str, size: int, qps: int, transport: st
     flows = []
     for h, r, digest in zip(srcs, sent, got.sha256):
         flows.append({"src": h, "intact": r.sha256 == digest and got.complete, "complete": r.complete,
-                      "started_s": r.started_s, "seconds": r.seconds, "goodput_bps": r.goodput_bps,
+                      "started_s": r.started_s, "seconds": r.seconds, "goodput_bps": r.goodput_bps, "cpu_s": r.cpu_s,
                       **{k: sum(getattr(q, k) for q in r.qps)
                          for k in ("data_packets", "retransmits", "timeouts", "cnps_received")}})
     begin = min(f["started_s"] for f in flows)
@@ -369,4 +377,5 @@ def run(plan, src: str | list[str], dst: str, size: int, qps: int, transport: st
                   # The switch port into the target: the queue an incast shares.
                   "bottleneck": f"{last_hop.node}:{last_hop.ifname}", "nic_burst_bytes": burst,
                   "window": plan.spec.nic.window,
-                  "ack_every": QpConfig().ackreq_every})
+                  "ack_every": QpConfig().ackreq_every},
+        nic_cpu_s=sum(r.cpu_s for r in sent) + got.cpu_s)

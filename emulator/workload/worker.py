@@ -205,15 +205,18 @@ def serve(a: argparse.Namespace) -> int:
         _connect(g, flow.qps)
     rec = Recorder(nic, qps, a.sample, a.t0 or time.monotonic())
     done: dict[int, float] = {}
-    start = time.monotonic()
+    start, cpu0 = time.monotonic(), time.process_time()
+    cpu = 0.0
 
     def told() -> bool:
         return bool(select.select([sys.stdin], [], [], 0)[0])
 
     def finished() -> bool:
+        nonlocal cpu
         for qp in qps:
             for wc in qp.recv_cq.poll():
                 done[qp.qpn] = time.monotonic() - start
+                cpu = time.process_time() - cpu0
         # Told to stop first: every sender has ended, and some QP of theirs failed (its retries
         # spent), so what it was writing will never complete here; report what did.
         return len(done) == len(qps) or told()
@@ -225,7 +228,7 @@ def serve(a: argparse.Namespace) -> int:
         nic.step(0.01)
         rec.tick()
     emit("result", TargetResult(ok, [hashlib.sha256(mr.buffer).hexdigest() for mr in regions], nic.stats(),
-                                 rec.as_dict(), [qp_figures(q, a.dilation, done.get(q.qpn)) for q in qps]))
+                                 rec.as_dict(), [qp_figures(q, a.dilation, done.get(q.qpn)) for q in qps], cpu))
     return 0
 
 
@@ -248,7 +251,7 @@ def send(a: argparse.Namespace) -> int:
     failed: list[dict] = []
     got = 0
     rec = Recorder(nic, qps, a.sample, a.t0 or time.monotonic())
-    start = time.monotonic()
+    start, cpu0 = time.monotonic(), time.process_time()
 
     def finished() -> bool:
         nonlocal got
@@ -262,11 +265,12 @@ def send(a: argparse.Namespace) -> int:
         return got == expected
 
     ok = _run(nic, rec, finished, a.timeout)
-    seconds = time.monotonic() - start
+    seconds, cpu = time.monotonic() - start, time.process_time() - cpu0
     rec.tick()
     emit("result", SenderResult(ok and not failed, digest, seconds, a.size, start - (a.t0 or start),
                                  a.size * 8 / seconds if ok and not failed else 0.0, failed[:20], nic.stats(),
-                                 rec.as_dict(), [qp_figures(q, a.dilation, completed.get(q.qpn)) for q in qps]))
+                                 rec.as_dict(), [qp_figures(q, a.dilation, completed.get(q.qpn)) for q in qps],
+                                 cpu))
     return 0
 
 

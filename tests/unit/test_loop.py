@@ -251,3 +251,25 @@ def test_qps_with_work_share_a_paced_line_in_turn_whatever_idle_qps_sit_between_
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.skipif(not _loopback("127.0.0.3"), reason="no 127.0.0.3 on loopback")
+def test_datagrams_the_kernel_dropped_before_the_nic_read_them_are_counted():
+    """A receive buffer overrun is the emulator's own loss, which the fidelity monitor reads:
+    the NIC reports the kernel's count of datagrams dropped on its full socket."""
+    b = SoftNic("127.0.0.3")
+    try:
+        b.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+            for _ in range(100):
+                tx.sendto(bytes(1000), ("127.0.0.3", wire.ROCE_PORT))
+            b.step(0)
+            read = b.counters.rx_packets
+            assert b.counters.socket_overflow == 0  # the count rides on the datagrams after the drops
+            tx.sendto(bytes(1000), ("127.0.0.3", wire.ROCE_PORT))
+            b.step(0)
+        assert b.counters.rx_packets == read + 1
+        assert b.counters.socket_overflow == 100 - read
+        assert sum(b.counters.dropped.values()) == read + 1  # none of them RoCEv2: each counted, none raised
+    finally:
+        b.close()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from emulator.nic import rc, wire
 from emulator.nic.memory import LOCAL_WRITE, REMOTE_READ
-from emulator.tools.simnet import DROP, DUP, LATE, Net, pair
+from emulator.tools.simnet import A_IP, B_IP, DROP, DUP, LATE, Net, frame, pair
 
 MODES = rc.MODES
 
@@ -279,3 +279,77 @@ def test_several_lost_tail_packets_cost_one_timeout_in_selective_mode():
                                     fate=lambda d, i, t: DROP if d == "a>b" and i in lost else None)
     assert mr.buffer == data
     assert a.qp.stats.timeouts == 1 and a.qp.stats.retransmits == 1 + len(lost)
+
+
+# --- the receive fast path (QueuePair.write_next) against the full parse ---
+
+def _responder_state(side) -> tuple:
+    qp = side.qp
+    return (bytes(side.pd.regions[next(iter(side.pd.regions))].buffer), qp.epsn, qp.msn, qp.stats,
+            [b"".join(bytes(p) for p in parts) for parts in qp.outbox], [w for w in side.rcq.poll(1000)],
+            sorted(qp._held), qp._nak_sent, qp._rnr_sent)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@settings(max_examples=int(os.environ.get("BP_HYPOTHESIS_EXAMPLES", "200")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(st.tuples(st.sampled_from(["next"] * 6 + ["back", "skip"]), st.integers(1, 5),
+                                st.sampled_from(["as is"] * 8 + ["short", "long", "pad"])), min_size=1, max_size=120),
+       size=st.integers(1, 40 * 4096), imm=st.booleans())
+def test_the_fast_path_does_what_the_full_parse_does(mode, steps, size, imm):
+    """Any stream of a WRITE's packets (mostly in order; some again, some skipped, some with a
+    payload too short, too long or mis-padded) leaves a responder that takes plain WRITEs
+    through write_next in the state of one that parses every packet: memory, PSNs, answers,
+    counters, completions."""
+    sender, slow = pair(mode)
+    _, fast = pair(mode)
+    for side in (slow, fast):
+        side.pd.register(bytearray(size))
+        side.qp.post_recv(1, bytearray(0))
+    mr = slow.pd.regions[next(iter(slow.pd.regions))]
+    sender.qp.post_write(0, payload(size), mr.va, mr.rkey, imm=7 if imm else None)
+    pkts = []
+    while len(pkts) < -(-size // 4096):
+        pkts.extend(sender.qp.transmit(0.0, 64))
+    cursor = 0
+    for action, k, how in steps:
+        if action == "skip":
+            cursor += k
+            continue
+        i = cursor if action == "next" else max(0, cursor - k)
+        cursor += action == "next"
+        hdr, body, pad = (bytes(p) for p in pkts[i % len(pkts)])
+        if how == "short":
+            body = body[:-4]
+        elif how == "long":
+            body = body + bytes(4)
+        elif how == "pad" and body:
+            hdr = hdr[:1] + bytes([hdr[1] | 0x10]) + hdr[2:]  # PadCnt 1 over an unpadded payload
+        ip, udp, transport = frame(A_IP, B_IP, 49152, [hdr, body, pad])
+        slow.qp.receive(wire.parse(transport, ip, udp), 0.0)
+        plain = wire.plain_write(memoryview(transport))
+        if plain is None or not fast.qp.write_next(*plain[1:]):
+            fast.qp.receive(wire.parse(transport, ip, udp), 0.0)
+        assert _responder_state(fast) == _responder_state(slow)
+        for side in (slow, fast):
+            side.qp.outbox.clear()
+
+
+@pytest.mark.parametrize("imm", [None, 7])
+def test_a_write_in_order_takes_the_fast_path_for_every_plain_packet(imm):
+    """Every WRITE_MIDDLE, and the WRITE_LAST without immediate, goes through write_next; the
+    WRITE_FIRST (its RETH) and a LAST_WITH_IMMEDIATE (a receive to consume) are parsed."""
+    a, b = pair()
+    mr = b.pd.register(bytearray(10 * 4096 + 100))
+    b.qp.post_recv(1, bytearray(0))
+    data = payload(len(mr.buffer))
+    a.qp.post_write(0, data, mr.va, mr.rkey, imm=imm)
+    fast = []
+    for parts in a.qp.transmit(0.0, 64):
+        ip, udp, transport = frame(A_IP, B_IP, 49152, parts)
+        plain = wire.plain_write(memoryview(transport))
+        fast.append(plain is not None and b.qp.write_next(*plain[1:]))
+        if not fast[-1]:
+            b.qp.receive(wire.parse(transport, ip, udp), 0.0)
+    assert fast == [False] + [True] * 9 + [imm is None]
+    assert mr.buffer == data and b.qp.stats.delivered == 11 and b.qp.msn == 1
