@@ -90,21 +90,22 @@ def set_loss(name: str, paths: int, loss: float) -> None:
 
 
 def measure(topology: str, hosts: list[str], sizes: list[int], profiles: list[str], losses: list[float],
-            iters: int, channels: int, time_args: list[str], pcap: Path | None = None) -> list[dict]:
+            iters: int, channels: int, time_args: list[str], pcap: Path | None = None, keep=None) -> list[dict]:
     """Bring ``topology`` up, run every case on ``hosts``, tear it down."""
     name = f"dist{topology[0]}"
     bp("up", str(REPO / "topologies" / f"{topology}.yaml"), "--name", name, *time_args)
     try:
-        return run_cases(name, topology, hosts, sizes, profiles, losses, iters, channels, pcap)
+        return run_cases(name, topology, hosts, sizes, profiles, losses, iters, channels, pcap, keep)
     finally:
         bp("down", "-n", name, check=False)
 
 
 def run_cases(name: str, label: str, hosts: list[str], sizes: list[int], profiles: list[str], losses: list[float],
-              iters: int, channels: int, pcap: Path | None = None) -> list[dict]:
+              iters: int, channels: int, pcap: Path | None = None, keep=None) -> list[dict]:
     """An all-reduce on ``hosts`` of fabric ``name`` for each loss, profile and size; rows labelled
     ``label``. Loss goes on every long-haul path, so only a ring that crosses them gets it. With
-    ``pcap``, the first profile's largest all-reduce is captured on the first rank's NIC."""
+    ``pcap``, the first profile's largest all-reduce is captured on the first rank's NIC.
+    ``keep(row)`` is called with each row as soon as it is measured."""
     tm = time_model(name)
     paths = PATHS if label == "cross-dc" else 0
     rows = []
@@ -125,6 +126,8 @@ def run_cases(name: str, label: str, hosts: list[str], sizes: list[int], profile
                     took = time.monotonic() - began
                 rows.append({"topology": label, "loss": loss, "loss_frame": frame, "profile": profile,
                              "real_size": real, **r})
+                if keep is not None:
+                    keep(rows[-1])
                 print(f"  {label:<9} loss {loss:<6g} (per frame {frame:<6.2g}) {profile:<8} {units.format_size(real):>7}: "
                       f"{units.format_duration(tm.real_time(r['time_s'])):>10} "
                       f"({'intact' if r['intact'] else 'NOT INTACT'}, {r['retransmits']} resent; {took:.0f} s of wall time with "
@@ -200,7 +203,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=2)
     ap.add_argument("--channels", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="1MB and 1GB, meta and seed, no loss")
-    ap.add_argument("--json", default=None, help="write every row here")
+    ap.add_argument("--json", default=None, help="write every row here, each as soon as it is measured")
     ap.add_argument("--out", default=None, help="write distance.png and a pcap of a cross-DC all-reduce here")
     ap.add_argument("--fabric", default=None, help="a cross-DC fabric already up: run one DC's hosts against "
                                                    "both DCs' on it instead of bringing up the two topologies")
@@ -234,18 +237,23 @@ def main() -> int:
     pcap = out / "allreduce-cross-dc.pcap" if out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
+    kept: list[dict] = []
+
+    def keep(row: dict) -> None:  # a long run stopped part way keeps what it measured
+        kept.append(row)
+        if a.json:
+            Path(a.json).write_text(json.dumps(kept, indent=2))
+
     if a.fabric:
         one, two = demo_hosts(a.ranks)
-        rows = run_cases(a.fabric, "single-dc", one, sizes, profiles, [0.0], a.iters, a.channels) + \
-            run_cases(a.fabric, "cross-dc", two, sizes, profiles, losses, a.iters, a.channels, pcap)
+        rows = run_cases(a.fabric, "single-dc", one, sizes, profiles, [0.0], a.iters, a.channels, keep=keep) + \
+            run_cases(a.fabric, "cross-dc", two, sizes, profiles, losses, a.iters, a.channels, pcap, keep)
     else:
         which = a.topologies.split(",")
-        rows = (measure(*SINGLE, sizes, profiles, [0.0], a.iters, a.channels, time_args)
+        rows = (measure(*SINGLE, sizes, profiles, [0.0], a.iters, a.channels, time_args, keep=keep)
                 if "single-dc" in which else []) + \
-            (measure(*CROSS, sizes, profiles, losses, a.iters, a.channels, time_args, pcap)
+            (measure(*CROSS, sizes, profiles, losses, a.iters, a.channels, time_args, pcap, keep)
              if "cross-dc" in which else [])
-    if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=2))
     print(table(rows, compute, a.overlap))
     if out:
         plot(rows, out / "distance.png")

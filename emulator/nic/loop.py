@@ -62,6 +62,7 @@ TX_TURN_S = 0.5e-3  # sending stops after this long in a turn, so ACKs and CNPs 
                     # while its ACKs and CNPs waited, inflating srtt 10x and delaying every cut
 RCVBUF = 32 << 20
 WIRE_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4, UDP: what the host link carries besides the transport
+FRAME_TOKENS = 4200  # about one full frame's bytes on the host link, in the serialiser's tokens
 _ICRC = struct.Struct("<I")
 _NO_ANCILLARY: list = []
 _FF = b"\xff"  # the ICRC covers the BTH's FECN/BECN/reserved byte as ones
@@ -513,18 +514,20 @@ class SoftNic:
         # On a paced line each QP's visit is its share of the tokens among the QPs with work: a
         # QP at the head of a turn that found tokens saved up (the loop slept, or was not
         # scheduled) must not take them all while the others wait for the next turn.
-        order = list(self.qps.items())
+        # A turn with no QP that has work (a receiving NIC's, mostly) has nothing to go round.
+        working = sum(qp.has_work for qp in self.qps.values())
+        order = list(self.qps.items()) if working else []
         start = self._rr % len(order) if order else 0
         order = order[start:] + order[:start]
-        more = flowing  # behind a paused link no new data goes; answers queue behind it
+        more = flowing and working > 0  # behind a paused link no new data goes; answers queue behind it
         turn_end = self.wall() + TX_TURN_S  # from when sending starts: reading took its own time
-        share = max(1, sum(qp.has_work for qp in self.qps.values())) if self._rate else 1
+        share = max(1, working) if self._rate else 1
         while more and (not self._rate or self._tokens > 0):
             more = False
             for i, (qpn, qp) in enumerate(order):
                 if self._rate and self._tokens <= 0:
                     break
-                budget = TX_BATCH if not self._rate else max(1, min(TX_BATCH, int(self._tokens // 4200 // share) + 1))
+                budget = TX_BATCH if not self._rate else max(1, min(TX_BATCH, int(self._tokens // FRAME_TOKENS // share) + 1))
                 pkts = qp.transmit(now, budget)
                 if pkts:
                     self._rr = start + i + 1
@@ -554,7 +557,10 @@ class SoftNic:
             if qp.deadline is not None:
                 wait = min(wait, qp.deadline - now)
             if self._rate and self._tokens <= 0 and qp.nxt < qp.end:
-                wait = min(wait, -self._tokens / self._rate)
+                # Out of tokens: wake when the line has taken all but a frame of what was sent
+                # (the host's queue still holds that frame, so the link never idles), to send
+                # a burst per wake, not a frame per wake.
+                wait = min(wait, (max(0.0, self._burst - FRAME_TOKENS) - self._tokens) / self._rate)
             if isinstance(qp.pace, dcqcn.RatePacer) and qp.nxt < qp.end:
                 # 0 when the pacer has let tokens build since the turn tried it: turn again now,
                 # never sleep the whole max_wait while a packet may go; and wake when the rate
