@@ -351,7 +351,7 @@ def table(rows: list[dict], compute_s: float, overlap: float) -> str:
            "all-reduce under it, measured and by the two models; N*p: packets a ring step sends across the long "
            "haul x loss, in the real fabric and as emulated (a frame holds 1/(s*d) real packets' bytes, so the "
            "bench loses 1-(1-p)^(1/(s*d)) of frames))"]
-    steps = []
+    steps, failed = [], []
     for r in (x for x in rows if x["topology"] == "cross-dc" and (x["profile"], x["real_size"]) in single):
         s = single[(r["profile"], r["real_size"])]
         tm = TimeModel.from_dict(r["time_model"])
@@ -369,8 +369,10 @@ def table(rows: list[dict], compute_s: float, overlap: float) -> str:
                    f"{units.format_duration(t_s):>9} {units.format_duration(t_c):>9} {ratio:>6.2f} "
                    f"{m_c / m_s:>7.2f} {p_c / p_s:>6.2f} {st(t_c, t_s):>5.2f} {st(m_c, m_s):>5.2f} "
                    f"{st(p_c, p_s):>5.2f}" + ("" if r["intact"] and s["intact"] else "  NOT INTACT"))
-        step = st(t_c, t_s)
-        steps.append((step, r))
+        if r["intact"] and r.get("complete", True) and s["intact"] and s.get("complete", True):
+            steps.append((st(t_c, t_s), r))  # a run that failed has no time to answer with
+        else:
+            failed.append(r)
     out += fit(rows)
     for r, s in ((r, single[(r["profile"], r["real_size"])]) for r in rows
                  if r["topology"] == "cross-dc" and r["loss"] == 0 and (r["profile"], r["real_size"]) in single):
@@ -380,14 +382,16 @@ def table(rows: list[dict], compute_s: float, overlap: float) -> str:
         out.append(f"free when: {r['profile']} {units.format_size(r['real_size'])} costs a step at most "
                    f"{FREE - 1:.0%} more across 3,000 km once its compute is at least {at[0]} (measured; "
                    f"{at[1]} by the model) with {overlap:.0%} of the all-reduce under it")
-    if steps:
+    if steps or failed:
         free = [(x, r) for x, r in steps if x <= FREE]
         dear = [(x, r) for x, r in steps if x > FREE]
         say = lambda xs: ", ".join(f"{r['profile']} {units.format_size(r['real_size'])} loss {r['loss']:g} "  # noqa
                                    f"x{x:.2f}" for x, r in xs) or "none"
         out.append(f"answer: across 3,000 km a training step (compute {units.format_duration(compute_s)}, "
                    f"{overlap:.0%} overlap) takes at most {FREE - 1:.0%} longer for: {say(free)}; longer for: "
-                   f"{say(dear)}. {latency_sentence(rows)}; loss adds recovery across the WAN in proportion to "
+                   f"{say(dear)}" + (f"; did not complete intact (no figure): " + ", ".join(
+                       f"{r['profile']} {units.format_size(r['real_size'])} loss {r['loss']:g}" for r in failed)
+                                     if failed else "") + f". {latency_sentence(rows)}; loss adds recovery across the WAN in proportion to "
                    "packets in flight x loss (N*p): near 0 it costs nothing, near 1 every step waits a WAN "
                    "round trip more")
     return "\n".join(out)
