@@ -65,7 +65,6 @@ WIRE_OVERHEAD = 14 + 20 + 8  # Ethernet, IPv4, UDP: what the host link carries b
 FRAME_TOKENS = 4200  # about one full frame's bytes on the host link, in the serialiser's tokens
 _ICRC = struct.Struct("<I")
 _NO_ANCILLARY: list = []
-_FF = b"\xff"  # the ICRC covers the BTH's FECN/BECN/reserved byte as ones
 _CMSG_HEADER = socket.CMSG_LEN(0)
 _STAMP_ONLY = socket.CMSG_SPACE(_TIMESPEC.size)  # a datagram's control messages: its arrival time alone
 _SOCK_FILTER = struct.Struct("HBBI")  # struct sock_filter: code, jt, jf, k
@@ -310,7 +309,7 @@ class SoftNic:
         if head is None:
             if len(heads) > 4096:  # last packets of many lengths must not grow it forever
                 heads.clear()
-            head = heads[key] = crc32(_FF, crc32(key[1], self._icrc_prefix(peer, sport, tlen)))
+            head = heads[key] = wire.icrc_bth_head(self._icrc_prefix(peer, sport, tlen), key[1])
         crc = crc32(first[5:], head)
         for p in parts[1:]:
             crc = crc32(p, crc)
@@ -435,8 +434,7 @@ class SoftNic:
         ce = frame[1] & 3 == CE
         if ce:
             self.counters.rx_ce += 1
-        crc = self._icrc_received(frame[:hl + 8], hl)
-        crc = crc32(data[5:n - 4], crc32(_FF, crc32(data[:4], crc)))
+        crc = wire.icrc_transport(self._icrc_received(frame[:hl + 8], hl), (data[:n - 4],))
         if _ICRC.unpack_from(data, n - 4)[0] != crc:
             raise wire.Malformed("bad_icrc")
         qp = None

@@ -180,11 +180,18 @@ def icrc_headers(ip_header: bytes, udp_header: bytes) -> int:
     return crc32(b"\xff" * 8 + bytes(ip) + bytes(udp))
 
 
+def icrc_bth_head(crc: int, first_word: bytes | memoryview) -> int:
+    """Continue ``crc`` over the BTH's first word and its FECN/BECN/reserved byte, masked to
+    ones: what follows depends on the packet, this only on its opcode, flags and P_Key (a
+    sender can keep it per length and first word)."""
+    return crc32(b"\xff", crc32(first_word[:4], crc))
+
+
 def icrc_transport(crc: int, parts) -> int:
     """Continue ``crc`` over the BTH (its FECN/BECN/reserved byte masked) and what follows it,
     given as consecutive buffers, the first holding at least the BTH."""
     first = parts[0]
-    crc = crc32(first[5:], crc32(b"\xff", crc32(first[:4], crc)))
+    crc = crc32(first[5:], icrc_bth_head(crc, first))
     for p in parts[1:]:
         crc = crc32(p, crc)
     return crc

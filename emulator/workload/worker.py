@@ -211,13 +211,14 @@ def serve(a: argparse.Namespace) -> int:
     start, cpu0 = time.monotonic(), time.process_time()
     cpu = 0.0
 
-    asked = [0.0]  # when stdin was last looked at: a system call per turn of the NIC is not free
+    asked = 0.0  # when stdin was last looked at: a system call per turn of the NIC is not free
 
     def told() -> bool:
+        nonlocal asked
         now = time.monotonic()
-        if now < asked[0] + TOLD_EVERY_S:
+        if now < asked + TOLD_EVERY_S:
             return False
-        asked[0] = now
+        asked = now
         return bool(select.select([sys.stdin], [], [], 0)[0])
 
     def finished() -> bool:
