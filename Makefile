@@ -7,8 +7,11 @@ HAS_NETEM := $(PY) -c 'import sys; from emulator.fabric.capabilities import has_
 
 .PHONY: setup vm-setup demo test test-host test-unit test-root test-delay test-rxe vm-test vm-build vagrant-smoke clean
 
+# Bytecode for the project's modules too: with PYTHONDONTWRITEBYTECODE set (some machines, the VM)
+# every process would compile them again on import (the VM's boot compiles them for its Python).
 setup:
 	bash scripts/setup.sh
+	$(PY) -m compileall -q -j 0 emulator bench
 
 vm-setup: setup
 	bash scripts/vm/setup-host.sh
