@@ -369,7 +369,7 @@ def table(rows: list[dict], compute_s: float, overlap: float) -> str:
                    f"{units.format_duration(t_s):>9} {units.format_duration(t_c):>9} {ratio:>6.2f} "
                    f"{m_c / m_s:>7.2f} {p_c / p_s:>6.2f} {st(t_c, t_s):>5.2f} {st(m_c, m_s):>5.2f} "
                    f"{st(p_c, p_s):>5.2f}" + ("" if r["intact"] and s["intact"] else "  NOT INTACT"))
-        if r["intact"] and r.get("complete", True) and s["intact"] and s.get("complete", True):
+        if r["intact"] and s["intact"]:  # intact: complete, and every rank's result right
             steps.append((st(t_c, t_s), r))  # a run that failed has no time to answer with
         else:
             failed.append(r)
@@ -385,14 +385,13 @@ def table(rows: list[dict], compute_s: float, overlap: float) -> str:
     if steps or failed:
         free = [(x, r) for x, r in steps if x <= FREE]
         dear = [(x, r) for x, r in steps if x > FREE]
-        say = lambda xs: ", ".join(f"{r['profile']} {units.format_size(r['real_size'])} loss {r['loss']:g} "  # noqa
-                                   f"x{x:.2f}" for x, r in xs) or "none"
+        case = lambda r: f"{r['profile']} {units.format_size(r['real_size'])} loss {r['loss']:g}"  # noqa
+        say = lambda xs: ", ".join(f"{case(r)} x{x:.2f}" for x, r in xs) or "none"  # noqa
+        gone = f"; did not complete intact (no figure): {', '.join(map(case, failed))}" if failed else ""
         out.append(f"answer: across 3,000 km a training step (compute {units.format_duration(compute_s)}, "
                    f"{overlap:.0%} overlap) takes at most {FREE - 1:.0%} longer for: {say(free)}; longer for: "
-                   f"{say(dear)}" + (f"; did not complete intact (no figure): " + ", ".join(
-                       f"{r['profile']} {units.format_size(r['real_size'])} loss {r['loss']:g}" for r in failed)
-                                     if failed else "") + f". {latency_sentence(rows)}; loss adds recovery across the WAN in proportion to "
-                   "packets in flight x loss (N*p): near 0 it costs nothing, near 1 every step waits a WAN "
+                   f"{say(dear)}{gone}. {latency_sentence(rows)}; loss adds recovery across the WAN in proportion "
+                   "to packets in flight x loss (N*p): near 0 it costs nothing, near 1 every step waits a WAN "
                    "round trip more")
     return "\n".join(out)
 
