@@ -366,17 +366,17 @@ def format_run(body: dict) -> list[str]:
                  + (f", busbw {units.format_rate(tm.real_rate(r['busbw_bps']))}" if r.get("op") else "")
                  + f", {r['retransmits']} resent, {r['timeouts']} timeouts")
     lines.append(f"  {'AT':>8} {'EVENT':<15} {'TARGET':<18} {'LATE':>8} {'DETECTION':>10} {'CONVERGED':>10} "
-                 f"{'LOST':>9} {'LOSS WIN':>9} {'BACK':>9} {'FIBER':>6}")
+                 f"{'LOST':>9} {'LOSS WIN':>9} {'STEP':>9} {'BACK':>9} {'FIBER':>6}")
     for e in body["events"]:
         lines.append(f"  {d(e['at_s']):>8} {e['kind']:<15} {e['target']:<18} {d(e.get('applied_late_s')):>8} "
                      f"{d(e.get('detection_s')):>10} {d(e.get('convergence_s')):>10} {d(e.get('time_lost_s')):>9} "
-                     f"{d(e.get('loss_window_s')):>9} {d(e.get('back_in_ecmp_after_s')):>9} "
+                     f"{d(e.get('loss_window_s')):>9} {d(e.get('loss_window_step_s')):>9} {d(e.get('back_in_ecmp_after_s')):>9} "
                      f"{'-' if e.get('fiber_packets_while_withdrawn') is None else e['fiber_packets_while_withdrawn']:>6}")
         if e.get("error"):
             lines.append(f"           ERROR: {e['error']}")
     lines.append("  LATE: applied after the timeline said; DETECTION: dead to noticed (BFD); CONVERGED: noticed to "
                  "ECMP written; LOST: dead to converged; LOSS WIN: dead to the last sample in which the path's "
-                 "borders dropped what was sent into it; BACK: restored to back in ECMP; FIBER: packets the path's fiber "
+                 "borders dropped what was sent into it; STEP: that sample's interval (the loss ended within it); BACK: restored to back in ECMP; FIBER: packets the path's fiber "
                  "carried on from convergence to restore, by its own kernel counters")
     if body.get("plot"):
         lines.append(f"  plot: {body['plot']}")

@@ -109,7 +109,8 @@ def figures(manifest: dict, rows: dict) -> dict:
     detection (took effect to noticed), the convergence (noticed to the ECMP groups written),
     the time lost (took effect to converged), and for a path taken down, the loss window the
     samples saw: from the cut to the end of the last sample in which its borders dropped
-    traffic sent into it (``drop_link_down``), which ECMP's convergence ends."""
+    traffic sent into it (``drop_link_down``), which ECMP's convergence ends, and that sample
+    interval's length (the loss ended within it)."""
     tm = _tm(manifest)
     real = lambda s: None if s is None else tm.real_time(s)  # noqa: E731
     out = []
@@ -124,7 +125,11 @@ def figures(manifest: dict, rows: dict) -> dict:
             if path is not None:
                 end = e["restored_s"] if e["restored_s"] is not None else float("inf")
                 lost = [r for r in _grew(rows, path, "down_drops") if e["took_effect_s"] < r["t_s"] <= end]
-                f["loss_window_s"] = real(max(r["t_s"] for r in lost) - e["took_effect_s"]) if lost else 0.0
+                last = max(lost, key=lambda r: r["t_s"]) if lost else None
+                f["loss_window_s"] = real(last["t_s"] - e["took_effect_s"]) if lost else 0.0
+                # The samples bound the loss's end to the interval before that sample: its length
+                # is the figure's resolution (the sampler spaces readings further when slow).
+                f["loss_window_step_s"] = real(last["t_s"] - last["since_s"]) if lost else None
                 f["lost_packets"] = sum(r["by"] for r in lost)
                 # From convergence: what the fiber held when cut (its delay line) has left it by then.
                 f["fiber_packets_while_withdrawn"] = _fiber_packets(rows, path, e["converged_s"], end)
@@ -155,13 +160,14 @@ def _path_index(target: str) -> int | None:
 
 def _grew(rows: dict, path: int, column: str) -> list[dict]:
     """The samples at which ``column`` of a border port onto ``path`` grew since the sample
-    before, each with ``by`` how much."""
-    last: dict[str, int] = {}
+    before, each with ``by`` how much and ``since_s`` that sample's time."""
+    last: dict[str, dict] = {}
     out = []
     for r in sorted((r for r in rows["paths"] if r["path"] == path), key=lambda r: r["t_s"]):
-        if r["port"] in last and r[column] > last[r["port"]]:
-            out.append({**r, "by": r[column] - last[r["port"]]})
-        last[r["port"]] = r[column]
+        before = last.get(r["port"])
+        if before is not None and r[column] > before[column]:
+            out.append({**r, "by": r[column] - before[column], "since_s": before["t_s"]})
+        last[r["port"]] = r
     return out
 
 

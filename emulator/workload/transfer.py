@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import select
 import signal
+import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 
 from emulator.errors import MeasurementError, UsageError
@@ -29,6 +31,8 @@ from emulator.workload.worker import CHUNK, nic_burst
 # data and the target's region for it, all held at once.
 MEMORY_SHARE = 0.8
 MAX_QPS = 1024
+# The port sampler paces itself by the median cost of this many of its last readings.
+COST_READINGS = 5
 
 @dataclass
 class TransferResult:
@@ -217,7 +221,9 @@ class PortSampler(threading.Thread):
         self.sample, self.period = sample, period
         self.readings: list[dict] = []
         self.error: str | None = None
-        self._cost = 0.0  # wall seconds the last reading took
+        # Wall seconds the last readings took: their median sets the pace, so one reading held
+        # up behind the controller's own work (a convergence) does not stretch the next gap.
+        self._costs: deque[float] = deque(maxlen=COST_READINGS)
         self._stop_event = threading.Event()
 
     def start(self) -> None:
@@ -233,13 +239,13 @@ class PortSampler(threading.Thread):
         except Exception as e:  # noqa: BLE001 - reported with the result, never a crash
             self.error = f"{type(e).__name__}: {e}"
             return False
-        self._cost = time.monotonic() - began
+        self._costs.append(time.monotonic() - began)
         return True
 
     def run(self) -> None:
         # Reading the maps costs the controller CPU the fabric needs (20x more in a VM without
         # KVM): never spend more than a fifth of the time on it.
-        while not self._stop_event.wait(max(self.period, 4 * self._cost)):
+        while not self._stop_event.wait(max(self.period, 4 * statistics.median(self._costs))):
             if not self._read():
                 return
 

@@ -210,8 +210,10 @@ def test_a_scenario_run_is_recorded_and_replayed(fabrics, tmp_path):
     print(f"\n{bp('report', str(out)).stdout}")
     assert body["result"]["intact"] and body["result"]["complete"]
     assert DETECTION_S <= cut["detection_s"] <= DETECTION_S + LATE_S and cut["error"] is None
-    # What was sent into the cut path was lost until ECMP converged, and no longer.
-    assert cut["lost_packets"] > 0 and 0 < cut["loss_window_s"] <= cut["time_lost_s"] + 0.02
+    # What was sent into the cut path was lost until ECMP converged, and no longer: the sample
+    # interval in which the last of it was dropped began before convergence.
+    assert cut["lost_packets"] > 0 and 0 < cut["loss_window_s"]
+    assert cut["loss_window_s"] - cut["loss_window_step_s"] <= cut["time_lost_s"], cut
     assert all((out / f).is_file() for f in ("manifest.json", "ports.parquet", "paths.parquet", "nics.parquet",
                                               "events.parquet", "timeline.png", "report.json"))
     # Between convergence and restore, the cut path carried nothing; the store says so.
@@ -222,7 +224,11 @@ def test_a_scenario_run_is_recorded_and_replayed(fabrics, tmp_path):
     ev = next(e for e in events if e["kind"] == "fiber-cut")
     during = sorted((r["t_s"], r["deq_bytes"]) for r in paths if r["path"] == CUT
                     and ev["converged_s"] <= r["t_s"] <= ev["restored_s"] and r["port"].startswith("east"))
-    assert len(during) > 2 and during[0][1] == during[-1][1]
+    # The sampler spaces its readings by four times their cost (the fabric's CPU first): under
+    # steal they are 160 ms apart, and still two of them must cover most of the 600 ms.
+    window = ev["restored_s"] - ev["converged_s"]
+    assert len(during) >= 2 and during[-1][0] - during[0][0] >= window / 2, (window, during)
+    assert during[0][1] == during[-1][1]
     # ... and the fiber's own kernel counters, recorded with the samples, confirm it.
     assert cut["fiber_packets_while_withdrawn"] == 0
     # The NICs' series is on the same clock: their loss recovery starts between the cut and
@@ -237,7 +243,7 @@ def test_a_scenario_run_is_recorded_and_replayed(fabrics, tmp_path):
         last[key] = r["retransmits"]
     assert any(ev["took_effect_s"] < t <= ev["converged_s"] + 0.1 for t in resent_at), resent_at
     assert all(r["share"] is not None for r in paths) and any(r["fiber_packets"] is not None for r in paths)
-    state = bp_json("report", str(out), "--at", "300ms")  # converged at 190-250 ms, restored at 400 ms
+    state = bp_json("report", str(out), "--at", "300ms")  # converged at 190-250 ms, restored at 800 ms
     wan = {p["path"]: p for p in state["paths"]}
     assert not wan[CUT]["up"] and not wan[CUT]["in_ecmp"] and wan[CUT]["ecmp_share"] == 0
     assert all(p["in_ecmp"] and p["ecmp_share"] == pytest.approx(1 / 7) for i, p in wan.items() if i != CUT)

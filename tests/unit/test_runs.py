@@ -91,6 +91,8 @@ def test_the_figures_of_a_cut():
     assert cut["applied_late_s"] == pytest.approx(0.001) and cut["back_in_ecmp_after_s"] == pytest.approx(0.15)
     # wan1's border last dropped what was sent into it in the sample at 0.45 s, 0.1485 s after the cut
     assert cut["loss_window_s"] == pytest.approx(0.45 - 0.3015) and cut["lost_packets"] == 3 * 12
+    # ... within the interval after the sample before it: the figure's resolution
+    assert cut["loss_window_step_s"] == pytest.approx(PERIOD)
     assert restore["kind"] == "restore" and "detection_s" not in restore
 
 

@@ -63,6 +63,27 @@ def test_the_port_sampler_reads_once_before_the_data_and_keeps_to_a_fifth_of_the
     gaps = [b - a for a, b in zip(calls, calls[1:])]
     assert len(got) >= 4 and all(g >= 0.02 + 0.08 * 0.99 for g in gaps), gaps
 
+    # One reading held up (behind the controller's convergence) does not stretch the gap after
+    # it fourfold: the pace is the median of the last readings' costs.
+    calls.clear()
+    sixth = threading.Event()
+
+    def held_once() -> dict:
+        import time
+
+        calls.append(time.monotonic())
+        time.sleep(0.3 if len(calls) == 3 else 0.02)
+        if len(calls) == 6:
+            sixth.set()
+        return {"n": len(calls)}
+
+    h = PortSampler(held_once, 0.01)
+    h.start()
+    assert sixth.wait(10)
+    h.stop()
+    after = calls[3] - calls[2] - 0.3
+    assert after < 0.3, after  # 4 x 0.3 s were it paced by the last reading alone
+
     def broken() -> dict:
         raise OSError("controller gone")
 
