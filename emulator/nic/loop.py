@@ -513,15 +513,18 @@ class SoftNic:
         # QP at the head of a turn that found tokens saved up (the loop slept, or was not
         # scheduled) must not take them all while the others wait for the next turn.
         # A turn with no QP that has work (a receiving NIC's, mostly) has nothing to go round.
+        # Each pass of the turn goes on from where the last one stopped, too: one that started
+        # over at the turn's first QP would give the QPs at its head a frame more every pass
+        # the refilled tokens allow.
         working = sum(qp.has_work for qp in self.qps.values())
-        order = list(self.qps.items()) if working else []
-        start = self._rr % len(order) if order else 0
-        order = order[start:] + order[:start]
+        items = list(self.qps.items()) if working else []
         more = flowing and working > 0  # behind a paused link no new data goes; answers queue behind it
         turn_end = self.wall() + TX_TURN_S  # from when sending starts: reading took its own time
         share = max(1, working) if self._rate else 1
         while more and (not self._rate or self._tokens > 0):
             more = False
+            start = self._rr % len(items)
+            order = items[start:] + items[:start]
             for i, (qpn, qp) in enumerate(order):
                 if self._rate and self._tokens <= 0:
                     break
