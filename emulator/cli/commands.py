@@ -14,11 +14,12 @@ import click
 from emulator import errors, REPO
 from emulator.cli.app import core, main, name_option, need_root
 from emulator.cli.text import format_port_table, format_stats, format_status, time_model
-from emulator.control import clean as clean_mod, client, state
-from emulator.fabric import capabilities, netns
-from emulator.fabric.checks import check_machine
+from emulator.control import client, state
 from emulator.model import plan as plan_mod, spec
-from emulator.telemetry.describe import NO_DELAY_WARNING
+
+# The modules that reach the kernel through netlink (pyroute2: 0.2 s to import here, 5 s under
+# QEMU without KVM) are imported by the commands that do; those that only ask the controller
+# (status, stats, inject, ...) start without them.
 
 DEFAULT_TOPOLOGY = REPO / "topologies" / "cross-dc.yaml"
 
@@ -28,6 +29,8 @@ DEFAULT_TOPOLOGY = REPO / "topologies" / "cross-dc.yaml"
 @core
 def doctor(as_json: bool) -> None:
     """Check what this machine can do, each item with the command that fixes it."""
+    from emulator.fabric import capabilities
+
     checks = capabilities.doctor()
     if as_json:
         click.echo(json.dumps([c.as_dict() for c in checks], indent=2))
@@ -60,6 +63,9 @@ def up(topology: str | None, name: str, no_wan_delay: bool, dilation: str | None
        as_json: bool) -> None:
     """Build a fabric from TOPOLOGY (default: topologies/cross-dc.yaml) and keep it up."""
     need_root("up")
+    from emulator.fabric.checks import check_machine
+    from emulator.telemetry.describe import NO_DELAY_WARNING
+
     path = os.path.abspath(topology) if topology else str(DEFAULT_TOPOLOGY)
     # Bad input fails here, before any effect.
     fabric_plan = plan_mod.build(spec.load(path, spec.parse_dilation(dilation), scale), name)
@@ -105,6 +111,8 @@ def status(name: str, as_json: bool, no_rtt: bool) -> None:
 def exec_(name: str, node: str, command: tuple[str, ...]) -> None:
     """Run COMMAND inside NODE's namespace: backplane exec east-host0 -- ping 198.18.2.2"""
     need_root("exec")
+    from emulator.fabric import netns
+
     prefix = plan_mod.prefix_of(name)
     ns = node if node.startswith(prefix) else prefix + node
     if not netns.exists(ns):
@@ -122,6 +130,8 @@ def exec_(name: str, node: str, command: tuple[str, ...]) -> None:
 def down(name: str) -> None:
     """Tear a fabric down: every namespace, link, qdisc and process it made."""
     need_root("down")
+    from emulator.control import clean as clean_mod
+
     started = time.monotonic()
     rec = state.read_record(name)
     reply = client.request(name, {"op": "down"})
@@ -143,6 +153,8 @@ def clean(name: str | None, everything: bool, as_json: bool) -> None:
     """Remove what the project made (bp-* namespaces, their processes, state), also after a
     crash: one fabric with --name; with neither --name nor --all, only while no fabric is up."""
     need_root("clean")
+    from emulator.control import clean as clean_mod
+
     if name:
         plan_mod.check_name(name)
     elif not everything:
@@ -204,6 +216,9 @@ def set_hash(name: str, mode: str) -> None:
 @core
 def list_() -> None:
     """Fabrics with a state directory or namespaces on this machine."""
+    from emulator.control import clean as clean_mod
+    from emulator.fabric import netns
+
     for name in clean_mod.fabric_names():
         stale = clean_mod.health(name)
         count = len(netns.names(plan_mod.prefix_of(name)))

@@ -13,10 +13,11 @@ import click
 from emulator import errors
 from emulator.cli.app import core, main, name_option, need_root
 from emulator.cli.text import format_collective, format_recording, format_training, format_transfer
-from emulator.control import client, scenario_runner, state
-from emulator.fabric import capabilities, netns
+from emulator.control import client, state
 from emulator.telemetry import report, timeline
-from emulator.workload import collective, collectives, profiles, rank, transfer
+from emulator.workload import limits, profiles
+# The workloads' modules (numpy, netlink) are imported by the commands that run them, as in
+# emulator/cli/commands.py: the CLI starts without them.
 from emulator.model import plan as plan_mod, spec, units
 from emulator.telemetry.cpu import STEAL_LIMIT
 
@@ -127,6 +128,9 @@ def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, tran
     fabric's (times / dilation, rates / scale, bytes / scale*dilation); --json keeps the
     emulated ones with the time model that converts them."""
     need_root("run transfer")
+    from emulator.fabric import capabilities
+    from emulator.workload import transfer
+
     try:
         nbytes = units.parse_size(size)
     except ValueError as e:
@@ -195,7 +199,7 @@ def run_transfer(name: str, src: str, dst: str, size: str, qps: int | None, tran
 
 
 admission_option = click.option(
-    "--admission", type=click.IntRange(0, collective.MAX_ADMISSION), default=None,
+    "--admission", type=click.IntRange(0, limits.MAX_ADMISSION), default=None,
     help="Receiver-driven admission: receivers clear this many messages per link and channel ahead and "
          "senders write only what is cleared (Meta's clear-to-send); 0: none [default: the profile's, else 0].")
 
@@ -233,15 +237,15 @@ def _settings(fspec, profile: str | None, qps: int | None, transport: str | None
 
 @run_group.command(name="collective")
 @name_option
-@click.argument("op", type=click.Choice([o.replace("_", "-") for o in collectives.OPS]))
+@click.argument("op", type=click.Choice([o.replace("_", "-") for o in limits.OPS]))
 @click.option("--hosts", required=True, help="The ranks, comma-separated, in ring order (hosts of one DC together).")
 @click.option("--size", default="4MB", show_default=True,
               help="nccl-tests' size as the NICs move it (emulated bytes; the report gives the real ones).")
-@click.option("--channels", type=click.IntRange(1, collective.MAX_CHANNELS), default=1, show_default=True,
+@click.option("--channels", type=click.IntRange(1, limits.MAX_CHANNELS), default=1, show_default=True,
               help="Rings run side by side, each over its own QPs.")
-@click.option("--qps", type=click.IntRange(1, collective.MAX_QPS), default=None,
+@click.option("--qps", type=click.IntRange(1, limits.MAX_QPS), default=None,
               help="QPs per link, a message split over them [default: the topology's nic.qps_per_pair].")
-@click.option("--chunk", default=units.format_size(rank.CHUNK_BYTES), show_default=True,
+@click.option("--chunk", default=units.format_size(limits.CHUNK_BYTES), show_default=True,
               help="A message is cut into chunks of this size (emulated bytes) dealt round its QPs; each chunk "
                    "goes on to the next step as soon as it has come, while the others are on the wire.")
 @click.option("--transport", type=click.Choice(spec.TRANSPORTS), default=None,
@@ -267,6 +271,8 @@ def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps
     soft-NICs ITERS times, check every rank's result, and report size, time, algbw and busbw as
     nccl-tests does, in the real fabric's units and the emulated ones, beside the alpha-beta model."""
     need_root("run collective")
+    from emulator.control import scenario_runner
+
     try:
         nbytes = units.parse_size(size)
     except ValueError as e:
@@ -293,11 +299,15 @@ def run_collective(name: str, op: str, hosts: str, size: str, channels: int, qps
 def collective_job(name: str, op: str, ranks: list[str], nbytes: int, channels: int = 1, qps: int | None = None,
                    transport: str | None = None, dcqcn: str | None = None, profile: str | None = None,
                    admission: int | None = None, iters: int = 1, timeout: float = 600.0, record: bool = False,
-                   chunk: int = rank.CHUNK_BYTES, rtts: dict | None = None) -> dict:
+                   chunk: int = limits.CHUNK_BYTES, rtts: dict | None = None) -> dict:
     """``run collective`` without the printing: OP on fabric ``name``'s hosts ``ranks`` as the
     options and ``profile`` set it; the report's record (bench/distance.py runs many in one process).
     ``record``: the switches' ports are sampled through the runs, into the record's telemetry.
     ``rtts``: host pairs' RTTs measured on this fabric before (collective.run), kept up to date."""
+    from emulator.control import scenario_runner
+    from emulator.fabric import capabilities
+    from emulator.workload import collective, transfer
+
     fabric = client.running(name)
     fabric_plan = fabric.plan
     fspec = fabric_plan.spec
@@ -327,8 +337,8 @@ def collective_job(name: str, op: str, ranks: list[str], nbytes: int, channels: 
 @click.option("--compute", required=True, help="The step's compute, real time, e.g. 300ms.")
 @click.option("--overlap", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Share of the all-reduce that runs under the compute (bucketed gradients).")
-@click.option("--channels", type=click.IntRange(1, collective.MAX_CHANNELS), default=1, show_default=True)
-@click.option("--qps", type=click.IntRange(1, collective.MAX_QPS), default=None,
+@click.option("--channels", type=click.IntRange(1, limits.MAX_CHANNELS), default=1, show_default=True)
+@click.option("--qps", type=click.IntRange(1, limits.MAX_QPS), default=None,
               help="QPs per link [default: the topology's nic.qps_per_pair].")
 @click.option("--transport", type=click.Choice(spec.TRANSPORTS), default=None)
 @click.option("--dcqcn", type=click.Choice(list(spec.DCQCN_PROFILES)), default=None)
@@ -346,6 +356,9 @@ def run_training(name: str, params: str, bytes_per_param: int, hosts: str, compu
     gradients across GPUS, measured on the fabric; gives the step time and the share of it spent
     waiting on the network, in the real fabric's time."""
     need_root("run training")
+    from emulator.fabric import capabilities
+    from emulator.workload import collective, collectives, transfer
+
     try:
         grads = units.parse_count(params) * bytes_per_param
     except ValueError as e:
@@ -460,6 +473,8 @@ def fabric_gone(name: str, settle_s: float = 10.0) -> str | None:
     """Why fabric ``name`` no longer answers (taken down, or its controller died), or None if
     it does. A fabric being taken down stops answering before its namespaces are gone: give
     it ``settle_s`` to say which."""
+    from emulator.fabric import netns
+
     try:
         client.request(name, {"op": "ping"}, timeout=settle_s)
         return None

@@ -12,7 +12,6 @@ import click
 from emulator.cli.app import core, main, name_option, need_root
 from emulator.cli.jobs import run_group
 from emulator.cli.text import format_run, format_state
-from emulator.control import scenario_runner
 from emulator.model import scenario as scenario_mod, units
 from emulator.telemetry import runs, store
 
@@ -28,6 +27,8 @@ def run_scenario(name: str, file: str, out_dir: str | None, as_json: bool) -> No
     every series on one clock into a run directory (Parquet and a JSON manifest), with a
     report and a PNG timeline."""
     need_root("run scenario")
+    from emulator.control import scenario_runner  # the workload's modules: netlink, numpy
+
     scn = scenario_mod.load(file)
     out = Path(out_dir or f"runs/{scn.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if out.exists() and any(out.iterdir()):

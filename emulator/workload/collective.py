@@ -25,13 +25,11 @@ from emulator.nic import dcqcn
 from emulator.nic.rc import MODES
 from emulator.workload import collectives as C
 from emulator.workload.collective_worker import RankResult, RunFigures
-from emulator.workload.rank import CHUNK_BYTES, RankReady
+from emulator.workload.limits import CHUNK_BYTES, MAX_ADMISSION, MAX_CHANNELS, MAX_QPS
+from emulator.workload.rank import RankReady
 from emulator.workload.transfer import MEMORY_SHARE, PortSampler, Worker, WorkerFailed, _host_port, _path_rtt, check_hosts
 from emulator.workload.worker import nic_burst
 
-MAX_QPS = 64  # per link: NCCL's connections use a few; 16 is Meta's
-MAX_CHANNELS = 32
-MAX_ADMISSION = 64  # clear-to-send window; NCCL's buffers hold 8 steps (NCCL_STEPS)
 MIN_CHUNK = 4096  # one frame's payload: a smaller chunk only costs more work requests
 # Bytes each rank's host holds per byte of the collective's size (input, working buffer,
 # staging for each message and the copies in flight), and the orchestrator per rank (inputs and

@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 
 from emulator.workload import collectives as C
-from emulator.workload.rank import CHUNK_BYTES, Rank, RankReady
+from emulator.workload.limits import CHUNK_BYTES
+from emulator.workload.rank import Rank, RankReady
 from emulator.workload.records import QpFigures
 from emulator.workload.worker import add_nic_options, emit, nic_for, qp_config, qp_figures
 

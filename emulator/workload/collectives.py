@@ -19,7 +19,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+from emulator.workload.limits import OPS
+
 WORD = 4  # bytes of one element (uint32)
 
 # nccl-tests' busbw factors: the share of the buffer each rank's link must carry, per byte of

@@ -33,12 +33,10 @@ import numpy as np
 
 from emulator.nic.rc import QpConfig, SUCCESS
 from emulator.workload import collectives as C
+from emulator.workload.limits import CHUNK_BYTES
 from emulator.workload.records import FlowEndpoint, QpEndpoint
 
 
-# Emulated bytes of a chunk: about 64 full packets, so a 16 MB message pipelines in 64 chunks;
-# the soft-NIC's CPU, not the real fabric's buffers, is what the chunk is sized for.
-CHUNK_BYTES = 256_000
 # Bytes copied or reduced per progress() call before the NIC's loop gets its turn again: about a
 # millisecond of numpy on these machines.
 WORK_BYTES = 1 << 20
