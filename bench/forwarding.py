@@ -1,5 +1,5 @@
 """Forwarding rate through a chain of eBPF switches against plain kernel forwarding through the
-same chain, measured in one run, in alternating pairs.
+same chain, measured in one run, in alternating rounds; beside them the datapath's floor.
 
 The chain is the tiny topology end to end: host, leaf, spine, border, (fiber bridge), border,
 spine, leaf, host: six routers. Its links run at scale 0.08 (32 Gb/s) so that the shapers are
@@ -12,7 +12,14 @@ figures are packets per second delivered at the far host over a window while eve
 sending, and the CPU time (all CPUs) per delivered packet over that window, for each datapath,
 their ratios, and the CPU steal seen.
 
-    sudo .venv/bin/python bench/forwarding.py [--payload 64] [--pairs 2] [--senders 2] [--window 1.0]
+The floor is the eBPF datapath's forward-only build (emulator.bpf.datapath.BUILDS): the same
+hooks on the same ports, the clone that frees the sender's socket, parse, route, hash, rewrite
+and redirect, and nothing of the switch model (queue accounting, PFC, pacing, ECN, counters).
+No datapath in these hooks can forward for less, since every hop still passes the port's qdiscs
+and veth's backlog as kernel forwarding does: floor / kernel bounds what any datapath can reach
+here, and ebpf / floor is what the model costs.
+
+    sudo .venv/bin/python bench/forwarding.py [--payload 64] [--rounds 2] [--senders 2] [--window 1.0]
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from emulator.bpf.datapath import BUILD_ENV  # noqa: E402
 from emulator.fabric import netns  # noqa: E402
 from emulator.model import plan, spec  # noqa: E402
 from emulator.nic.wire import ROCE_PORT  # noqa: E402
@@ -42,8 +50,13 @@ NAME = "bfwd"
 WARM_S = 0.3  # after every sender has started: the chain's queues fill, the caches warm
 
 
-def bp(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "emulator.cli", *args], cwd=REPO, check=True, capture_output=True)
+ARMS = ("kernel", "ebpf", "floor")
+FLOOR_BUILD = "forward-only"
+
+
+def bp(*args: str, env: dict | None = None) -> str:
+    return subprocess.run([sys.executable, "-m", "emulator.cli", *args], cwd=REPO, check=True, capture_output=True,
+                          text=True, env=env).stdout
 
 
 def rx_packets(ns: str) -> int:
@@ -53,17 +66,21 @@ def rx_packets(ns: str) -> int:
     return sum(int(line.split(":", 1)[1].split()[1]) for line in lines if line.split(":", 1)[0].strip() != "lo")
 
 
-def one(datapath: str, scale: float, payload: int, senders: int, qps: int, window: float) -> dict:
+def one(arm: str, scale: float, payload: int, senders: int, qps: int, window: float) -> dict:
     doc = yaml.safe_load((REPO / "topologies/tiny.yaml").read_text())
     doc["scale"] = scale
-    doc["ecmp"] = {"hash": "qpn", "datapath": datapath}
+    doc["ecmp"] = {"hash": "qpn", "datapath": "kernel" if arm == "kernel" else "ebpf"}
+    env = dict(os.environ, **{BUILD_ENV: FLOOR_BUILD if arm == "floor" else "full"})
     with tempfile.TemporaryDirectory() as tmp:
         topo = Path(tmp) / "chain.yaml"
         topo.write_text(yaml.safe_dump(doc))
         p = plan.build(spec.load(topo), NAME)
-        bp("up", str(topo), "--name", NAME, "--no-wan-delay")
+        out = bp("up", str(topo), "--name", NAME, "--no-wan-delay", "--json", env=env)
         procs = []
         try:
+            built = json.loads(out).get("datapath_build")
+            if built != {"kernel": None, "ebpf": "full", "floor": FLOOR_BUILD}[arm]:
+                raise SystemExit(f"the {arm} run's fabric came up with datapath build {built!r}")
             dst = str(p.host_address("west-host0"))
             far = p.netns("west-host0")
             # Bound, never read, with the least buffer: delivered datagrams are dropped at once.
@@ -93,7 +110,7 @@ def one(datapath: str, scale: float, payload: int, senders: int, qps: int, windo
                     proc.wait()
             bp("down", "--name", NAME)
     delivered = rx1 - rx0
-    return {"datapath": datapath, "delivered": delivered, "delivered_pps": delivered / (t1 - t0),
+    return {"datapath": arm, "delivered": delivered, "delivered_pps": delivered / (t1 - t0),
             "offered_pps": sum(o["sent"] / o["seconds"] for o in outs), "steal": steal,
             "cpu_us_per_packet": (busy1 - busy0) / os.sysconf("SC_CLK_TCK") / max(1, delivered) * 1e6}
 
@@ -102,7 +119,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--payload", type=int, default=64, help="bytes after the BTH (4096: a 4 KB RoCE frame)")
     ap.add_argument("--scale", type=float, default=0.08, help="the links' scale (0.08: 32 Gb/s, above the CPU)")
-    ap.add_argument("--pairs", type=int, default=2, help="kernel then eBPF, this many times")
+    ap.add_argument("--rounds", type=int, default=2, help="kernel, eBPF and the floor in turn, this many times")
     ap.add_argument("--senders", type=int, default=2, help="sending processes (one per core offers the most)")
     ap.add_argument("--qps", type=int, default=4, help="QPs per sender")
     ap.add_argument("--window", type=float, default=1.0, help="seconds counted, with every sender sending")
@@ -112,19 +129,23 @@ def main() -> int:
     doc["scale"] = a.scale
     print(spec.parse(yaml.safe_dump(doc)).time.line() + " (forwarding rates are the machine's: emulated units)")
     runs = []
-    for _ in range(a.pairs):
-        for d in ("kernel", "ebpf"):
+    for _ in range(a.rounds):
+        for d in ARMS:
             r = one(d, a.scale, a.payload, a.senders, a.qps, a.window)
             runs.append(r)
             print(f"{d:<7} offered {r['offered_pps']:,.0f} pps, delivered {r['delivered_pps']:,.0f} pps through "
                   f"6 routers, {r['cpu_us_per_packet']:.2f} us of CPU per packet, steal {r['steal']:.1%}", flush=True)
-    pps = {d: statistics.median(r["delivered_pps"] for r in runs if r["datapath"] == d) for d in ("kernel", "ebpf")}
-    cpu_us = {d: statistics.median(r["cpu_us_per_packet"] for r in runs if r["datapath"] == d)
-              for d in ("kernel", "ebpf")}
-    pairs = [b["delivered_pps"] / k["delivered_pps"] for k, b in zip(runs[::2], runs[1::2])]
-    print(f"eBPF / kernel ({a.payload} B after the BTH, medians of {a.pairs}): forwarding rate "
-          f"{pps['ebpf'] / pps['kernel']:.2f} (pairs: {', '.join(f'{x:.2f}' for x in pairs)}), "
-          f"CPU per packet {cpu_us['ebpf'] / cpu_us['kernel']:.2f}, steal at most {max(r['steal'] for r in runs):.1%}")
+    pps = {d: statistics.median(r["delivered_pps"] for r in runs if r["datapath"] == d) for d in ARMS}
+    cpu_us = {d: statistics.median(r["cpu_us_per_packet"] for r in runs if r["datapath"] == d) for d in ARMS}
+    rounds = [dict(zip(ARMS, runs[k:k + len(ARMS)])) for k in range(0, len(runs), len(ARMS))]
+    print(f"{a.payload} B after the BTH, medians of {a.rounds} rounds, steal at most "
+          f"{max(r['steal'] for r in runs):.1%}:")
+    for top, bottom, what in (("ebpf", "kernel", "the datapath against kernel forwarding"),
+                              ("floor", "kernel", "the floor: what any datapath in these hooks can reach"),
+                              ("ebpf", "floor", "what the switch model costs")):
+        each = ", ".join(f"{r[top]['delivered_pps'] / r[bottom]['delivered_pps']:.2f}" for r in rounds)
+        print(f"  {top} / {bottom}: forwarding rate {pps[top] / pps[bottom]:.2f} (rounds: {each}), CPU per packet "
+              f"{cpu_us[top] / cpu_us[bottom]:.2f}  ({what})")
     if a.json:
         Path(a.json).write_text(json.dumps(runs, indent=2))
     return 0

@@ -71,6 +71,9 @@ int bp_tc_egress(struct __sk_buff *skb)
 	__s64 depth, pdepth;
 	int proto, control = 0, rc = TC_ACT_OK;
 
+#ifdef BP_FORWARD_ONLY
+	return rc; /* the floor of a datapath: the hook's call and nothing in it */
+#endif
 	port = bp_ports.lookup(&ifindex);
 	cfg = bp_config.lookup(&zero);
 	if (!port || !cfg)

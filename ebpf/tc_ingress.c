@@ -241,6 +241,7 @@ int bp_tc_ingress(struct __sk_buff *skb)
 	}
 	c.pos = data;
 	mc.pos = data;
+#ifndef BP_FORWARD_ONLY
 	cnt->rx_pkts++;
 	cnt->rx_bytes += len;
 	dscp = bp_frame_dscp(data, data_end);
@@ -284,6 +285,7 @@ int bp_tc_ingress(struct __sk_buff *skb)
 		rc = TC_ACT_SHOT;
 		goto out;
 	}
+#endif /* BP_FORWARD_ONLY */
 	if (!(port->flags & BP_PORT_SWITCH))
 		goto out;
 
@@ -347,6 +349,13 @@ int bp_tc_ingress(struct __sk_buff *skb)
 	if (nh >= BP_MAX_NEXTHOPS)
 		goto kernel;
 	out = route->ifindex[nh];
+#ifdef BP_FORWARD_ONLY
+	out_port = bp_ports.lookup(&out);
+	if (!out_port || !out_port->node_id) {
+		rc = TC_ACT_SHOT;
+		goto out;
+	}
+#else
 	if (cfg->adaptive)
 		out = bp_pinned(port->node_id, hash, out, cfg->flowlet_gap_ns, cnt);
 	cnt->roce_pkts++;
@@ -357,11 +366,14 @@ int bp_tc_ingress(struct __sk_buff *skb)
 		rc = TC_ACT_SHOT;
 		goto out;
 	}
+#endif /* BP_FORWARD_ONLY */
 	__builtin_memcpy(eth->h_source, out_port->smac, ETH_ALEN);
 	__builtin_memcpy(eth->h_dest, out_port->dmac, ETH_ALEN);
 	bp_ip_decrease_ttl(iph);
+#ifndef BP_FORWARD_ONLY
 	out_cnt->fwd_pkts++;
 	out_cnt->fwd_bytes += len;
+#endif
 	rc = bpf_redirect(out, 0);
 	goto out;
 kernel:

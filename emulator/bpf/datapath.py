@@ -35,6 +35,12 @@ TC_INGRESS_PROG = "bp_tc_ingress"
 TC_EGRESS_PROG = "bp_tc_egress"
 TC_INGRESS_PARENT = 0xFFFFFFF2  # clsact ingress
 TC_EGRESS_PARENT = 0xFFFFFFF3  # clsact egress
+# Which build of the programs a controller compiles, from its environment. "forward-only" only
+# parses, routes, rewrites and redirects (no queue accounting, PFC, pacing, ECN, loss or
+# counters): bench/forwarding.py's floor, what these hooks and the fabric's qdiscs cost any
+# datapath. A fabric built so says it at up and in status; no test or user topology asks for it.
+BUILD_ENV = "BACKPLANE_DATAPATH_BUILD"
+BUILDS = {"full": (), "forward-only": ("-DBP_FORWARD_ONLY=1",)}
 
 # The priorities of the wire's QoS policy (nic.wire.DSCP_*): data on the lossless priority the
 # topology names, CNPs on a high one, everything else lossy.
@@ -63,10 +69,14 @@ class Datapath:
             from bcc import BPF
         except ImportError:
             raise CapabilityError("bcc is not installed: the eBPF datapath cannot be compiled", BCC_FIX) from None
+        self.build = os.environ.get(BUILD_ENV, "full")
+        if self.build not in BUILDS:
+            raise FabricError(f"{BUILD_ENV}={self.build!r} names no build of the datapath "
+                              f"(builds: {', '.join(BUILDS)})")
         text = "".join((EBPF_DIR / f).read_text() for f in PROGRAM_FILES)
         started = time.monotonic()
         try:
-            self.bpf = BPF(text=text, cflags=[f"-I{EBPF_DIR / 'include'}", "-Wno-unused-function"])
+            self.bpf = BPF(text=text, cflags=[f"-I{EBPF_DIR / 'include'}", "-Wno-unused-function", *BUILDS[self.build]])
         except Exception as e:  # bcc raises plain Exception; its compiler output went to stderr
             raise CapabilityError(f"bcc could not compile {', '.join(PROGRAM_FILES)}: {e}", BCC_FIX) from None
         compiled = time.monotonic()

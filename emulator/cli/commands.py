@@ -79,6 +79,9 @@ def up(topology: str | None, name: str, no_wan_delay: bool, dilation: str | None
     click.echo(fabric_plan.spec.time.line())
     if fabric_plan.spec.wan_paths and not reply["wan_delay"]:
         click.echo(f"WARNING: {NO_DELAY_WARNING}")
+    if reply.get("datapath_build") not in (None, "full"):
+        click.echo(f"WARNING: the datapath is its {reply['datapath_build']!r} build: it forwards and models no queue, "
+                   "PFC, pacing, ECN or loss (a benchmark's floor)")
     click.echo(f"next: backplane status --name {name}; backplane exec --name {name} NODE -- CMD; "
                f"backplane down --name {name}")
 

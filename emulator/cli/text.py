@@ -204,7 +204,9 @@ def format_stats(body: dict, prev: dict | None = None) -> list[str]:
     interval = body["at"] - prev["at"] if prev else None
     before = {(p["node"], p["ifname"]): p for p in prev["ports"]} if prev else {}
     tm = time_model(body)
-    lines = [f"fabric {body['name']!r}  datapath {body['datapath']}  hash {body['hash']}", tm.line()]
+    build = body.get("datapath_build")
+    dp = body["datapath"] if build in (None, "full") else f"{body['datapath']} ({build} build: no queues modelled)"
+    lines = [f"fabric {body['name']!r}  datapath {dp}  hash {body['hash']}", tm.line()]
     if "counters" not in (body["ports"][0] if body["ports"] else {}):
         lines.append("  (kernel datapath: no per-port eBPF counters; qdisc figures only)")
     lines += format_port_table(body["ports"], tm, before, interval, body.get("hash"))

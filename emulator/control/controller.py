@@ -120,6 +120,7 @@ class Controller:
         guard = self._guard()
         ports = [telemetry.port_stats(self.fabric, p) for p in self.plan.ports()]
         body = {"name": self.plan.name, "datapath": self.plan.spec.ecmp.datapath,
+                "datapath_build": self.fabric.datapath.build if self.fabric.datapath is not None else None,
                 "hash": self.hash_mode if self.fabric.datapath is not None else "kernel five-tuple",
                 "scale": self.plan.spec.scale, "time_model": self.plan.spec.time.as_dict(),
                 "at": time.time(), "ports": ports, "fidelity": guard.check()}
@@ -379,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         listener.listen(8)
         ready.write(json.dumps({"ok": True, "pid": os.getpid(), "up_seconds": fabric.up_seconds,
                                 "nodes": len(fabric_plan.nodes), "links": len(fabric_plan.links),
-                                "wan_delay": fabric.wan_delay}) + "\n")
+                                "wan_delay": fabric.wan_delay,
+                                "datapath_build": fabric.datapath.build if fabric.datapath else None}) + "\n")
         ready.close()
         ready = None
         Controller(fabric, text, topology, a.dilation, a.scale).serve(listener)

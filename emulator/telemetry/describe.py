@@ -119,6 +119,7 @@ def fabric(f: "Fabric", measure_rtt: bool = True) -> dict:
                            f"{spec.emulated_time(one_way) * 1e6:.3g} us of wall time is below the emulator's own "
                            f"forwarding ({MIN_NETEM_DELAY_S * 1e6:g} us)")}
     out["datapath"] = spec.ecmp.datapath
+    out["datapath_build"] = f.datapath.build if f.datapath is not None else None
     out["congestion"] = {"dcqcn": spec.nic.dcqcn, "dcqcn_overrides": dict(spec.nic.dcqcn_overrides),
                          "ecn": ecn_thresholds(spec)}
     out["pfc"] = pfc_summary(f)

@@ -54,6 +54,11 @@ def ns():
 @pytest.fixture
 def programmed(dp, ns):
     """Maps as user space writes them for one switch port with an 8-way route to 198.18.1.0/24."""
+    return program(dp)
+
+
+def program(dp: Datapath) -> Datapath:
+    """Write the maps the ``programmed`` fixture describes into ``dp``."""
     dp.set_hash("qpn")
     dp.set_ecn(kmin=8000, kmax=24000, pmax=0.2)
     dp.set_dscp_prio(3)
