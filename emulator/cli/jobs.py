@@ -14,12 +14,12 @@ from emulator import errors
 from emulator.cli.app import core, main, name_option, need_root
 from emulator.cli.text import format_collective, format_recording, format_training, format_transfer
 from emulator.control import client, state
-from emulator.telemetry import report, timeline
-from emulator.workload import limits, profiles
-# The workloads' modules (numpy, netlink) are imported by the commands that run them, as in
-# emulator/cli/commands.py: the CLI starts without them.
 from emulator.model import plan as plan_mod, spec, units
+from emulator.telemetry import report, timeline
 from emulator.telemetry.cpu import STEAL_LIMIT
+# Only the workloads' option bounds and profiles here: the modules that run them (numpy,
+# netlink) are imported by the commands that use them, as in emulator/cli/commands.py.
+from emulator.workload import limits, profiles
 
 # Telemetry every this much wall time unless asked otherwise: the sampler's own cost bounds it.
 DEFAULT_SAMPLE_WALL_S = 0.010

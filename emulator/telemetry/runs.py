@@ -125,11 +125,13 @@ def figures(manifest: dict, rows: dict) -> dict:
             if path is not None:
                 end = e["restored_s"] if e["restored_s"] is not None else float("inf")
                 lost = [r for r in _grew(rows, path, "down_drops") if e["took_effect_s"] < r["t_s"] <= end]
-                last = max(lost, key=lambda r: r["t_s"]) if lost else None
-                f["loss_window_s"] = real(last["t_s"] - e["took_effect_s"]) if lost else 0.0
-                # The samples bound the loss's end to the interval before that sample: its length
-                # is the figure's resolution (the sampler spaces readings further when slow).
-                f["loss_window_step_s"] = real(last["t_s"] - last["since_s"]) if lost else None
+                f["loss_window_s"], f["loss_window_step_s"] = 0.0, None
+                if lost:
+                    last = max(lost, key=lambda r: r["t_s"])
+                    f["loss_window_s"] = real(last["t_s"] - e["took_effect_s"])
+                    # The samples bound the loss's end to the interval before that sample: its
+                    # length is the figure's resolution (the sampler spaces readings further when slow).
+                    f["loss_window_step_s"] = real(last["t_s"] - last["since_s"])
                 f["lost_packets"] = sum(r["by"] for r in lost)
                 # From convergence: what the fiber held when cut (its delay line) has left it by then.
                 f["fiber_packets_while_withdrawn"] = _fiber_packets(rows, path, e["converged_s"], end)
