@@ -85,15 +85,17 @@ def custom_topology(tmp_path: Path, base: str, edit) -> Path:
 def test_ecmp_spreads_qps_over_long_haul_paths_by_hash_mode(fabrics, tmp_path):
     """4 east->west host pairs x 16 QPs over the 8 long-haul paths, in every hash mode.
 
-    The default fabric, with one path degraded to 1/80 of its rate (as a failing link
+    The default fabric, with one path degraded to 3/400 of its rate (as a failing link
     would leave it) so that packets of one QP sprayed over unequal paths can overtake each other:
-    Sprayed, an eighth of the packets (6.7 Mb/s) meet that path's 5 Mb/s and queue there (its
-    shaper's burst allowance would let a path that is merely slower carry them unqueued).
+    Sprayed, an eighth of the packets (7 Mb/s) meet that path's 3 Mb/s and queue there (its
+    shaper's burst allowance would let a path that is merely slower carry them unqueued). The
+    senders start together: one alone puts 1.8 Mb/s on the path, and senders that started
+    Python a moment apart, each done in 0.2 s, could leave it unqueued.
     The UDP source port is fixed per host pair (as Meta's NICs sent it) except in `ev` mode,
     where it is the per-QP entropy value that mode reads.
     """
     topo = custom_topology(tmp_path, "cross-dc",
-                           lambda d: d["wan"].update(overrides={0: {"rate": "5Gbps"}}))
+                           lambda d: d["wan"].update(overrides={0: {"rate": "3Gbps"}}))
     name = fabrics("tecmp", topo, "--no-wan-delay")
     p = plan.build(spec.load(topo), name)
     wan_ports = {(l.a.node, l.a.ifname): l.path for l in p.links
@@ -114,8 +116,9 @@ def test_ecmp_spreads_qps_over_long_haul_paths_by_hash_mode(fabrics, tmp_path):
             verdict_of = watch(name)
             senders = [rocegen(name, src, "send", addr, "--qps", str(QPS), "--packets", "32", "--payload", "512",
                                "--pps", "3000", "--pair-id", str(i),
-                               "--sport", "qp" if mode == "ev" else "pair")
+                               "--sport", "qp" if mode == "ev" else "pair", "--gate")
                        for i, (src, _, addr) in enumerate(pairs)]
+            start_together(senders)
             each = [finish(s)["sent"] for s in senders]
             sent = sum(each)
             steal = stolen(verdict_of())  # while the queues built; the drain follows in well under 2 s
