@@ -102,23 +102,31 @@ def link_rate(plan: FabricPlan, src: str, dst: str, dst_address: str, configured
     watch = None
     before = qdisc_counters(plan, delay_port) if delay_port else None
     recv = netns.popen(plan.netns(dst), py + ["recv", "--bind", dst_address, "--port", str(port),
-                                              "--warmup", str(warmup), "--seconds", str(seconds)],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                              "--warmup", str(warmup), "--seconds", str(seconds), "--go"],
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    send = None
     try:
         line = recv.stdout.readline().strip()
         if line != "ready":
             raise MeasurementError(f"receiver on {dst} did not start: {line or recv.stderr.read().strip()}")
         watch = CpuWatch()
-        send = netns.run(plan.netns(src), py + ["send", "--dst", dst_address, "--port", str(port),
-                                                "--size", str(size), "--seconds", str(warmup + seconds + 0.5)],
-                         timeout=warmup + seconds + 30)
+        send = netns.popen(plan.netns(src), py + ["send", "--dst", dst_address, "--port", str(port),
+                                                  "--size", str(size), "--seconds", str(warmup + seconds + 0.5)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # The receiver's wait for a first packet starts once the sender sends, however long its
+        # Python took to start (seconds under software emulation).
+        if send.stdout.readline().strip() == "sending":
+            recv.stdin.write("go\n")
+            recv.stdin.flush()
+        _, send_err = send.communicate(timeout=warmup + seconds + 30)
         if send.returncode != 0:
-            raise MeasurementError(f"sender on {src} failed: {send.stderr.strip()}")
+            raise MeasurementError(f"sender on {src} failed: {send_err.strip()}")
         out, err = recv.communicate(timeout=30)
     finally:
-        if recv.poll() is None:
-            recv.kill()
-            recv.wait()
+        for proc in (send, recv):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
     result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": err.strip()}
     if "error" in result:
         raise MeasurementError(f"rate {src} -> {dst}: {result['error']}")

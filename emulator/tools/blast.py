@@ -21,12 +21,20 @@ UDP_IP_ETH = 8 + 20 + 14  # header bytes a shaper counts on top of the UDP paylo
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
 
 
-def receive(bind: str, port: int, warmup: float, seconds: float, first_timeout: float) -> dict:
+def receive(bind: str, port: int, warmup: float, seconds: float, first_timeout: float, go: bool = False) -> dict:
+    """Measure the rate of what arrives after the first packet. With ``go`` the first packet's
+    wait of ``first_timeout`` starts when a line comes on standard input (the caller's word that
+    its sender is sending), not at once: a sender's start-up on a slow machine is not the path's
+    silence."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     sock.bind((bind, port))
     print("ready", flush=True)
     buf = bytearray(65536)
+    if go:
+        ready, _, _ = select.select([sock, sys.stdin], [], [])
+        if sock not in ready and not sys.stdin.readline():
+            return {"error": "told nothing: standard input closed before the sender started"}
     sock.settimeout(first_timeout)
     try:
         n = sock.recv_into(buf)
@@ -127,6 +135,7 @@ def send(dst: str, port: int, size: int, seconds: float) -> dict:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * (size + UDP_IP_ETH))
     payload = bytes(size)
+    print("sending", flush=True)  # for a receiver that waits for the word (recv --go)
     end = time.monotonic() + seconds
     sent = 0
     while time.monotonic() < end:
@@ -169,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--warmup", type=float, default=0.3)
     r.add_argument("--seconds", type=float, default=1.0)
     r.add_argument("--first-timeout", type=float, default=5.0)
+    r.add_argument("--go", action="store_true",
+                   help="Start the first packet's wait when a line comes on standard input.")
     r.add_argument("--count", type=int, default=0, help="Count every packet until this many arrived ...")
     r.add_argument("--idle", type=float, default=2.0, help="... or none came for this long.")
     r.add_argument("--idle-after-eof", action="store_true",
@@ -184,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "recv" and a.count:
         out = count(a.bind, a.port, a.count, a.idle, a.first_timeout, a.idle_after_eof)
     elif a.cmd == "recv":
-        out = receive(a.bind, a.port, a.warmup, a.seconds, a.first_timeout)
+        out = receive(a.bind, a.port, a.warmup, a.seconds, a.first_timeout, a.go)
     elif a.count:
         out = send_count(a.dst, a.port, a.size, a.count, a.pps)
     else:
