@@ -162,25 +162,31 @@ def path_loss(plan: FabricPlan, src: str, dst: str, dst_address: str, delay_port
     py = [sys.executable, "-m", "emulator.tools.blast"]
     before = qdisc_counters(plan, delay_port)
     recv = netns.popen(plan.netns(dst), py + ["recv", "--bind", dst_address, "--port", str(port),
-                                              "--count", str(count), "--idle", "2", "--idle-after-eof"],
+                                              "--count", str(count), "--idle", "2", "--idle-after-eof", "--go"],
                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    send = None
     try:
         line = recv.stdout.readline().strip()
         if line != "ready":
             raise MeasurementError(f"receiver on {dst} did not start: {line or recv.stderr.read().strip()}")
-        send = netns.run(plan.netns(src), py + ["send", "--dst", dst_address, "--port", str(port),
-                                                "--size", str(size), "--count", str(count), "--pps", str(pps)],
-                         timeout=count / pps * 3 + 60)
+        send = netns.popen(plan.netns(src), py + ["send", "--dst", dst_address, "--port", str(port),
+                                                  "--size", str(size), "--count", str(count), "--pps", str(pps)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if send.stdout.readline().strip() == "sending":  # as in link_rate
+            recv.stdin.write("go\n")
+            recv.stdin.flush()
+        send_out, send_err = send.communicate(timeout=count / pps * 3 + 60)
         if send.returncode != 0:
-            raise MeasurementError(f"sender on {src} failed: {send.stderr.strip()}")
-        sent = json.loads(send.stdout.strip().splitlines()[-1])["sent_packets"]
+            raise MeasurementError(f"sender on {src} failed: {send_err.strip()}")
+        sent = json.loads(send_out.strip().splitlines()[-1])["sent_packets"]
         # Closing its stdin tells the receiver the sender is done: only now may a quiet spell end
         # the count (a stalled machine must not cut the measurement short).
         out, err = recv.communicate(timeout=60)
     finally:
-        if recv.poll() is None:
-            recv.kill()
-            recv.wait()
+        for proc in (send, recv):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
     result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": err.strip()}
     if "error" in result:
         raise MeasurementError(f"loss {src} -> {dst}: {result['error']}")

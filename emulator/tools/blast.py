@@ -78,7 +78,8 @@ def _big_receive_buffer(sock: socket.socket, size: int) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
 
 
-def count(bind: str, port: int, expect: int, idle: float, first_timeout: float, idle_after_eof: bool = False) -> dict:
+def count(bind: str, port: int, expect: int, idle: float, first_timeout: float, idle_after_eof: bool = False,
+          go: bool = False) -> dict:
     """Count every packet until ``expect`` arrived or none came for ``idle`` seconds (with
     ``idle_after_eof``: none came for ``idle`` seconds after standard input closed, which the
     caller does once its sender has finished). Also what the socket itself dropped, full (the
@@ -90,6 +91,10 @@ def count(bind: str, port: int, expect: int, idle: float, first_timeout: float, 
     print("ready", flush=True)
     buf = bytearray(65536)
     dropped = 0
+    if go:  # as in receive(): the first packet's wait starts when the sender sends
+        ready, _, _ = select.select([sock, sys.stdin], [], [])
+        if sock not in ready and not sys.stdin.readline():
+            return {"error": "told nothing: standard input closed before the sender started"}
 
     def take() -> None:
         nonlocal dropped
@@ -154,6 +159,7 @@ def send_count(dst: str, port: int, size: int, total: int, pps: float) -> dict:
     overflow the queues on the way and count the instrument's own drops as the path's."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     payload = bytes(size)
+    print("sending", flush=True)  # for a receiver that waits for the word (recv --go)
     start = due = time.monotonic()
     sent = failed = 0
     for _ in range(total):
@@ -193,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--pps", type=float, default=1000.0, help="... at this many per second.")
     a = ap.parse_args(argv)
     if a.cmd == "recv" and a.count:
-        out = count(a.bind, a.port, a.count, a.idle, a.first_timeout, a.idle_after_eof)
+        out = count(a.bind, a.port, a.count, a.idle, a.first_timeout, a.idle_after_eof, a.go)
     elif a.cmd == "recv":
         out = receive(a.bind, a.port, a.warmup, a.seconds, a.first_timeout, a.go)
     elif a.count:
