@@ -93,6 +93,25 @@ def qdisc_counters(plan: FabricPlan, port: Port) -> dict:
         return queues.counters(ipr, found[0])
 
 
+def _start_sender(plan: FabricPlan, src: str, args: list[str], recv: subprocess.Popen) -> subprocess.Popen:
+    """Start the blaster's sender in ``src``; once it says it is sending, tell the receiver
+    (recv --go) to start its wait for a first packet, however long the sender's Python took to
+    start (seconds under software emulation)."""
+    send = netns.popen(plan.netns(src), [sys.executable, "-m", "emulator.tools.blast", "send", *args],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if send.stdout.readline().strip() == "sending":
+        recv.stdin.write("go\n")
+        recv.stdin.flush()
+    return send
+
+
+def _stop(*procs: subprocess.Popen | None) -> None:
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def link_rate(plan: FabricPlan, src: str, dst: str, dst_address: str, configured_bps: int,
               seconds: float = 1.0, warmup: float = 0.3, size: int = 4000, port: int = 47001,
               delay_port: Port | None = None) -> Rate:
@@ -110,23 +129,14 @@ def link_rate(plan: FabricPlan, src: str, dst: str, dst_address: str, configured
         if line != "ready":
             raise MeasurementError(f"receiver on {dst} did not start: {line or recv.stderr.read().strip()}")
         watch = CpuWatch()
-        send = netns.popen(plan.netns(src), py + ["send", "--dst", dst_address, "--port", str(port),
-                                                  "--size", str(size), "--seconds", str(warmup + seconds + 0.5)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        # The receiver's wait for a first packet starts once the sender sends, however long its
-        # Python took to start (seconds under software emulation).
-        if send.stdout.readline().strip() == "sending":
-            recv.stdin.write("go\n")
-            recv.stdin.flush()
+        send = _start_sender(plan, src, ["--dst", dst_address, "--port", str(port), "--size", str(size),
+                                         "--seconds", str(warmup + seconds + 0.5)], recv)
         _, send_err = send.communicate(timeout=warmup + seconds + 30)
         if send.returncode != 0:
             raise MeasurementError(f"sender on {src} failed: {send_err.strip()}")
         out, err = recv.communicate(timeout=30)
     finally:
-        for proc in (send, recv):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _stop(send, recv)
     result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": err.strip()}
     if "error" in result:
         raise MeasurementError(f"rate {src} -> {dst}: {result['error']}")
@@ -169,12 +179,8 @@ def path_loss(plan: FabricPlan, src: str, dst: str, dst_address: str, delay_port
         line = recv.stdout.readline().strip()
         if line != "ready":
             raise MeasurementError(f"receiver on {dst} did not start: {line or recv.stderr.read().strip()}")
-        send = netns.popen(plan.netns(src), py + ["send", "--dst", dst_address, "--port", str(port),
-                                                  "--size", str(size), "--count", str(count), "--pps", str(pps)],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if send.stdout.readline().strip() == "sending":  # as in link_rate
-            recv.stdin.write("go\n")
-            recv.stdin.flush()
+        send = _start_sender(plan, src, ["--dst", dst_address, "--port", str(port), "--size", str(size),
+                                         "--count", str(count), "--pps", str(pps)], recv)
         send_out, send_err = send.communicate(timeout=count / pps * 3 + 60)
         if send.returncode != 0:
             raise MeasurementError(f"sender on {src} failed: {send_err.strip()}")
@@ -183,10 +189,7 @@ def path_loss(plan: FabricPlan, src: str, dst: str, dst_address: str, delay_port
         # the count (a stalled machine must not cut the measurement short).
         out, err = recv.communicate(timeout=60)
     finally:
-        for proc in (send, recv):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _stop(send, recv)
     result = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": err.strip()}
     if "error" in result:
         raise MeasurementError(f"loss {src} -> {dst}: {result['error']}")

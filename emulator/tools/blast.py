@@ -21,6 +21,15 @@ UDP_IP_ETH = 8 + 20 + 14  # header bytes a shaper counts on top of the UDP paylo
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
 
 
+def _wait_for_go(sock: socket.socket) -> dict | None:
+    """Until a packet or a line on standard input comes (the caller's word that its sender is
+    sending): an error record if standard input closed first."""
+    ready, _, _ = select.select([sock, sys.stdin], [], [])
+    if sock not in ready and not sys.stdin.readline():
+        return {"error": "told nothing: standard input closed before the sender started"}
+    return None
+
+
 def receive(bind: str, port: int, warmup: float, seconds: float, first_timeout: float, go: bool = False) -> dict:
     """Measure the rate of what arrives after the first packet. With ``go`` the first packet's
     wait of ``first_timeout`` starts when a line comes on standard input (the caller's word that
@@ -31,10 +40,9 @@ def receive(bind: str, port: int, warmup: float, seconds: float, first_timeout: 
     sock.bind((bind, port))
     print("ready", flush=True)
     buf = bytearray(65536)
-    if go:
-        ready, _, _ = select.select([sock, sys.stdin], [], [])
-        if sock not in ready and not sys.stdin.readline():
-            return {"error": "told nothing: standard input closed before the sender started"}
+    failed = _wait_for_go(sock) if go else None
+    if failed:
+        return failed
     sock.settimeout(first_timeout)
     try:
         n = sock.recv_into(buf)
@@ -91,10 +99,9 @@ def count(bind: str, port: int, expect: int, idle: float, first_timeout: float, 
     print("ready", flush=True)
     buf = bytearray(65536)
     dropped = 0
-    if go:  # as in receive(): the first packet's wait starts when the sender sends
-        ready, _, _ = select.select([sock, sys.stdin], [], [])
-        if sock not in ready and not sys.stdin.readline():
-            return {"error": "told nothing: standard input closed before the sender started"}
+    failed = _wait_for_go(sock) if go else None  # as in receive()
+    if failed:
+        return failed
 
     def take() -> None:
         nonlocal dropped
