@@ -204,10 +204,16 @@ def state_at(manifest: dict, rows: dict, t_real_s: float) -> dict:
         if r["port"] in prev and now > before:
             p["rate_bps"] += tm.real_rate((r["deq_bytes"] - prev[r["port"]]["deq_bytes"]) * 8 / (now - before))
     members = sum(1 for p in paths.values() if p["in_ecmp"]) or 1
+    # A group written between the sample and the moment asked for (a withdrawal or a return
+    # converged meanwhile) makes the sample's shares stale: the sampler's readings are spaced.
+    regrouped = any(now is not None and e[k] is not None and now < e[k] <= t
+                    for e in rows["events"] for k in ("converged_s", "reconverged_s"))
     for p in paths.values():
         # Recorded: the borders' shares as their groups held them (weights applied), averaged
-        # over the path's two ends. A run stored without them: equal shares of what is in ECMP.
-        shares = p.pop("shares")
+        # over the path's two ends. A run stored without them, or with them stale: equal shares
+        # of what is in ECMP.
+        recorded = p.pop("shares")
+        shares = [] if regrouped else recorded
         p["ecmp_share"] = sum(shares) / len(shares) if shares else (1 / members if p["in_ecmp"] else 0.0)
     queues = [{"port": name, "depth_bytes": tm.real_size(r["depth"]),
                "paused_priorities": [q for q in range(8) if r["paused"] >> q & 1]}

@@ -138,6 +138,13 @@ def test_recorded_shares_and_the_fibers_counts():
     assert [p["ecmp_share"] for p in s["paths"]] == [0.75, 0.25] and all(p["in_ecmp"] for p in s["paths"])
     s = runs.state_at(manifest, rows, 0.6)
     assert [p["ecmp_share"] for p in s["paths"]] == [1.0, 0.0] and not s["paths"][1]["in_ecmp"]
+    # A sample read before the withdrawal converged holds the old shares; asked for a moment
+    # after it, the state gives the groups as they were written then.
+    for r in rows["paths"]:
+        if r["t_s"] == pytest.approx(0.45):
+            r["share"] = 0.5
+    s = runs.state_at(manifest, rows, 0.46)
+    assert [p["ecmp_share"] for p in s["paths"]] == [1.0, 0.0] and not s["paths"][1]["in_ecmp"]
     # The fiber carried nothing from the first sample after convergence to the last before
     # restore (0.5 s to 0.65 s); recorded without the fibers' counts, the figure is unknown, not 0.
     assert runs.figures(manifest, rows)["events"][0]["fiber_packets_while_withdrawn"] == 0
